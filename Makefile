@@ -1,0 +1,34 @@
+# Two commands on a fresh clone:  make test   and   make grade
+# Both create .venv on first use and install nothing on later runs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+IMPL   ?= assignments
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# CPU-only machines get the CPU build of torch; GPU machines the default (CUDA) build.
+TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+
+.PHONY: test grade notebooks bench-linear clean help
+help:
+	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub check"
+	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission"
+	@echo "make notebooks - execute every lecture notebook"
+
+$(STAMP):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest --impl solutions
+
+grade: $(STAMP)
+	$(BIN)/python -m common.grade --impl $(IMPL)
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest tests/test_notebooks.py -v
+
+clean:
+	rm -rf $(VENV)

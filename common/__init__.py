@@ -1,0 +1,19 @@
+"""Shared harness for the course: impl switching, checks, timing, profiling,
+roofline accounting, CUDA-extension builds and float64 reference implementations.
+
+Importing ``common`` first thing makes Triton kernels run under the Triton
+interpreter on machines without a CUDA GPU (``TRITON_INTERPRET=1``), so every
+Triton stage can be checked on a laptop CPU.
+"""
+import os
+
+import torch
+
+HAS_CUDA: bool = torch.cuda.is_available()
+if not HAS_CUDA:
+    # Must happen before any @triton.jit decorator runs.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: Where kernels run: "cuda" on a GPU machine, "cpu" under the Triton interpreter.
+DEVICE: str = "cuda" if HAS_CUDA else "cpu"
+TRITON_INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"

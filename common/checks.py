@@ -1,0 +1,62 @@
+"""Input validation with messages that say what was wrong and what is expected."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from . import DEVICE
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def kernel_device() -> str:
+    """Device type kernels accept: 'cuda', or 'cpu' when Triton runs interpreted."""
+    return DEVICE
+
+
+def check_tensor(
+    x: object,
+    name: str,
+    *,
+    device: str | None = "kernel",
+    dtypes: Iterable[torch.dtype] | None = FLOAT_DTYPES,
+    ndim: int | Sequence[int] | None = None,
+    min_ndim: int | None = None,
+    contiguous: bool = False,
+) -> torch.Tensor:
+    """Raise a readable error unless ``x`` is a tensor of the expected kind.
+
+    device="kernel" means the device kernels run on (see :func:`kernel_device`).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if device == "kernel":
+        device = kernel_device()
+    if device is not None and x.device.type != device:
+        raise ValueError(
+            f"{name}: expected a tensor on {device!r}, got one on {str(x.device)!r}"
+            + (" (move it with .to('cuda'))" if device == "cuda" else "")
+        )
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if x.dtype not in dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name}: expected dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if x.dim() not in allowed:
+            raise ValueError(f"{name}: expected {' or '.join(map(str, allowed))} dims, got shape {tuple(x.shape)}")
+    if min_ndim is not None and x.dim() < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dims, got shape {tuple(x.shape)}")
+    if contiguous and not x.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got strides {x.stride()}")
+    return x
+
+
+def check_same(a: torch.Tensor, b: torch.Tensor, names: str, *, dtype: bool = True, device: bool = True) -> None:
+    """Both tensors share dtype and device."""
+    if device and a.device != b.device:
+        raise ValueError(f"{names}: tensors on different devices ({a.device} vs {b.device})")
+    if dtype and a.dtype != b.dtype:
+        raise TypeError(f"{names}: dtypes differ ({a.dtype} vs {b.dtype}); expected the same dtype")

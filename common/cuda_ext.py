@@ -1,0 +1,114 @@
+"""Building CUDA extensions once, and checking CUDA sources without a GPU.
+
+* :func:`load_op` builds ``.cu``/``.cpp`` sources with
+  ``torch.utils.cpp_extension.load`` into a cache folder (``$TORCH_EXTENSIONS_DIR``,
+  default ``~/.cache/gpu-kernels-course``). The first build of an op takes a minute
+  and says so; later calls, in this process or the next, reuse the build. Editing a
+  source changes its hash, so the op is rebuilt.
+* :func:`compile_check` runs ``nvcc`` (kernels) and the host compiler (bindings,
+  with the torch headers) as a syntax and type check. It needs no GPU, so CI can
+  catch a broken kernel file on a CPU-only machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+
+_LOADED: dict[str, object] = {}
+#: Target used by compile_check (no GPU to ask): Hopper. load_op targets the GPU present.
+CHECK_ARCH = "sm_90a"
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "gpu-kernels-course"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
+    h = hashlib.sha1()
+    for s in sources:
+        h.update(Path(s).read_bytes())
+    h.update(" ".join(flags).encode())
+    return h.hexdigest()[:12]
+
+
+def load_op(name: str, sources: Sequence[str | Path], *, extra_cuda_cflags: Sequence[str] = (),
+            fast_math: bool = False, verbose: bool = False) -> str:
+    """Build (or reuse) an extension that registers torch operators; return its build name.
+
+    The sources register their ops with ``TORCH_LIBRARY``; call them as
+    ``torch.ops.<namespace>.<op>``. Raises RuntimeError if no CUDA GPU is present.
+    """
+    import torch
+    from torch.utils.cpp_extension import load
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{name}: building and running a CUDA op needs a CUDA GPU "
+                           "(on a CPU-only machine use compile_check to check the sources)")
+    sources = [Path(s) for s in sources]
+    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", *extra_cuda_cflags]
+    if fast_math:
+        flags.append("--use_fast_math")
+    build_name = f"{name}_{_digest(sources, flags)}"
+    if build_name in _LOADED:
+        return build_name
+    build_dir = cache_dir() / build_name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not any(build_dir.glob("*.so"))
+    if fresh:
+        print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
+              file=sys.stderr, flush=True)
+    load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags,
+         extra_cflags=["-O3", "-std=c++17"], build_directory=str(build_dir),
+         is_python_module=False, verbose=verbose)
+    _LOADED[build_name] = True
+    return build_name
+
+
+def nvcc_path() -> str | None:
+    cand = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+                                     if os.environ.get("CUDA_HOME") else None)
+    return cand if cand and os.path.exists(cand) else None
+
+
+def _torch_includes() -> list[str]:
+    from torch.utils.cpp_extension import include_paths
+    return include_paths()
+
+
+def _cuda_include() -> list[str]:
+    nvcc = nvcc_path()
+    if not nvcc:
+        return []
+    inc = Path(nvcc).resolve().parent.parent / "include"
+    return [str(inc)] if inc.exists() else []
+
+
+def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] = ()) -> None:
+    """Compile each source as a syntax/type check (no linking, no GPU needed).
+
+    ``.cu`` files go through ``nvcc -c`` for CHECK_ARCH; ``.cpp`` files through the
+    host compiler with the torch and CUDA headers. Raises RuntimeError with the
+    compiler's output when a source does not compile.
+    """
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
+    incs = [f"-I{p}" for p in _torch_includes() + _cuda_include()]
+    incs.append(f"-I{sysconfig.get_paths()['include']}")
+    for src in map(Path, sources):
+        if src.suffix == ".cu":
+            cmd = [nvcc, "-c", str(src), "-o", os.devnull, "-std=c++17", f"-arch={CHECK_ARCH}",
+                   "--expt-relaxed-constexpr", *incs, *extra_flags]
+        else:
+            cxx = os.environ.get("CXX", "c++")
+            cmd = [cxx, "-fsyntax-only", "-std=c++17", str(src), *incs, *extra_flags]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{src.name} does not compile:\n{r.stdout}{r.stderr}")

@@ -1,0 +1,174 @@
+"""Seeing what a call really does.
+
+Two tools, one question ("what does this call launch and move?"):
+
+* :func:`trace_ops` / :func:`count_host_transfers` run a call under a
+  ``TorchDispatchMode`` and record every aten op, including copies between the
+  host and the device. With :func:`fake_cuda` they work on a machine without a
+  GPU: tensors are *fake* CUDA tensors (shapes, dtypes and devices, no data), so
+  the host round trips of a layer can be counted in CI.
+* :func:`profile` wraps ``torch.profiler`` on a real GPU and reports the kernels
+  a call launches and the host<->device memcpys with their share of GPU time.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_COPY_OPS = {"aten._to_copy.default", "aten.copy_.default", "aten._copy_from.default",
+             "aten._copy_from_and_resize.default"}
+
+
+def _devtype(t: object) -> str | None:
+    return t.device.type if isinstance(t, torch.Tensor) else None
+
+
+@dataclass
+class OpTrace:
+    """aten ops seen during a call, and the host<->device copies among them."""
+    ops: list[str] = field(default_factory=list)
+    htod: int = 0       # host -> device copies
+    dtoh: int = 0       # device -> host copies
+
+    @property
+    def host_transfers(self) -> int:
+        return self.htod + self.dtoh
+
+    def counts(self) -> Counter:
+        return Counter(self.ops)
+
+    def count(self, *names: str) -> int:
+        """How many ops whose name starts with any of ``names`` (e.g. 'aten.mm')."""
+        return sum(1 for o in self.ops if o.startswith(names))
+
+
+class _Tracer(TorchDispatchMode):
+    def __init__(self, trace: OpTrace):
+        super().__init__()
+        self.trace = trace
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = str(func)
+        if name.startswith("prim."):
+            return out
+        self.trace.ops.append(name)
+        if name in _COPY_OPS:
+            if name == "aten._to_copy.default":
+                src, dst = _devtype(args[0]), _devtype(out)
+            else:  # copy_(self=dst, src)
+                dst, src = _devtype(args[0]), _devtype(args[1])
+            if src and dst and src != dst:
+                if src == "cpu":
+                    self.trace.htod += 1
+                elif dst == "cpu":
+                    self.trace.dtoh += 1
+        return out
+
+
+@contextlib.contextmanager
+def trace_ops() -> Iterator[OpTrace]:
+    """``with trace_ops() as t: f(x)`` then ``t.ops``, ``t.htod``, ``t.dtoh``."""
+    t = OpTrace()
+    with _Tracer(t):
+        yield t
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[None]:
+    """Run code on fake CUDA tensors (works without a GPU).
+
+    Create every tensor inside the block (``torch.randn(..., device="cuda")``).
+    Move tensors back with ``.to(x.device)``: ``.cuda()`` and ``.to("cuda")``
+    ask the real driver for the current device and fail on a CPU-only build.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        yield
+
+
+def count_host_transfers(fn: Callable[[], object]) -> OpTrace:
+    """Trace one call of ``fn()`` (tensors it uses must already exist)."""
+    with trace_ops() as t:
+        fn()
+    return t
+
+
+# --------------------------------------------------------------------------- GPU profiler
+@dataclass
+class ProfileReport:
+    kernels: list[str]              # device kernel names, in launch order (one call)
+    kernel_time_us: float           # total GPU kernel time per call
+    htod: int                       # Memcpy HtoD per call
+    dtoh: int                       # Memcpy DtoH per call
+    memcpy_time_us: float           # host<->device memcpy time per call
+    calls: int
+
+    @property
+    def n_kernels(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def host_transfers(self) -> int:
+        return self.htod + self.dtoh
+
+    @property
+    def memcpy_share(self) -> float:
+        """Fraction of GPU-side time spent in host<->device copies."""
+        total = self.kernel_time_us + self.memcpy_time_us
+        return self.memcpy_time_us / total if total > 0 else 0.0
+
+    def table(self) -> str:
+        rows = Counter(self.kernels)
+        lines = [f"{n:>4} x {k[:100]}" for k, n in rows.most_common()]
+        lines.append(f"kernels/call {self.n_kernels}, HtoD {self.htod}, DtoH {self.dtoh}, "
+                     f"kernel {self.kernel_time_us:.1f} us, memcpy {self.memcpy_time_us:.1f} us "
+                     f"({100 * self.memcpy_share:.1f}% of GPU time)")
+        return "\n".join(lines)
+
+
+def _is_memcpy(name: str) -> str | None:
+    n = name.lower()
+    if "memcpy" not in n:
+        return None
+    if "htod" in n or "host to device" in n:
+        return "htod"
+    if "dtoh" in n or "device to host" in n:
+        return "dtoh"
+    return "dtod"
+
+
+def profile(fn: Callable[[], object], *, calls: int = 5, warmup: int = 3) -> ProfileReport:
+    """Profile ``fn()`` on the GPU; counts are per call (averaged over ``calls``)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("profile() needs a CUDA GPU; use trace_ops()/fake_cuda() on a CPU-only machine")
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels, ktime, counts, mtime = [], 0.0, Counter(), 0.0
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = _is_memcpy(ev.name)
+        dur = ev.time_range.elapsed_us()
+        if kind in ("htod", "dtoh"):
+            counts[kind] += 1
+            mtime += dur
+        else:  # kernels, device-to-device copies and memsets all occupy the GPU
+            kernels.append(ev.name)
+            ktime += dur
+    per = max(calls, 1)
+    return ProfileReport(kernels[: len(kernels) // per], ktime / per, counts["htod"] // per,
+                         counts["dtoh"] // per, mtime / per, calls)

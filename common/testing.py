@@ -1,0 +1,85 @@
+"""Numerical comparison helpers shared by tests, the grader and benchmarks."""
+from __future__ import annotations
+
+import torch
+
+#: Relative-error tolerances (||out - ref|| / ||ref||) that fit each dtype when the
+#: computation accumulates in fp32. fp32 math lands far below 1e-4; tf32 dots near 3e-4.
+REL_TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+#: Element-wise tolerances (atol, rtol) for the same dtypes.
+ELEM_TOL = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-2),
+    torch.bfloat16: (1e-2, 2e-2),
+}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; inf if shapes differ or out has NaN/inf."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf")
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if not torch.isfinite(o).all():
+        return float("inf")
+    denom = r.norm().item()
+    return (o - r).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf")
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return (o - r).abs().max().item() if o.numel() else 0.0
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | None = None,
+                 rel_tol: float | None = None, name: str = "output") -> float:
+    """Assert ``out`` matches the (float64) reference within the dtype's tolerance.
+
+    Checks shape, dtype (when given), finiteness, relative error and element-wise
+    closeness. Returns the relative error. Messages say what differed and by how much.
+    """
+    assert isinstance(out, torch.Tensor), f"{name}: expected a tensor, got {type(out).__name__}"
+    assert tuple(out.shape) == tuple(ref.shape), (
+        f"{name}: shape {tuple(out.shape)} but the reference has shape {tuple(ref.shape)}")
+    if dtype is not None:
+        assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    dt = dtype or out.dtype
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    bad = ~torch.isfinite(o)
+    assert not bad.any(), f"{name}: {int(bad.sum())} of {o.numel()} elements are NaN/inf (unwritten or overflowed?)"
+    err = rel_error(o, r)
+    tol = rel_tol if rel_tol is not None else REL_TOL[dt]
+    assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e} for {dt}"
+    atol, rtol = ELEM_TOL[dt]
+    scale = r.abs().max().item() if r.numel() else 1.0
+    close = (o - r).abs() <= atol * max(scale, 1.0) + rtol * r.abs()
+    if not close.all():
+        idx = (~close).nonzero()[0].tolist()
+        raise AssertionError(
+            f"{name}: {int((~close).sum())} of {o.numel()} elements off, first at {idx}: "
+            f"got {o[tuple(idx)].item():.6g}, expected {r[tuple(idx)].item():.6g} ({dt})")
+    return err
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | None = None,
+          generator: torch.Generator | None = None, scale: float = 1.0) -> torch.Tensor:
+    """Fresh random normal tensor (never zeros), created in fp32 then cast."""
+    from . import DEVICE
+    t = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
+    return t.to(device=device or DEVICE, dtype=dtype)
+
+
+def non_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """Same values as ``x`` but with a non-unit last-dim stride (a strided view)."""
+    wide = torch.empty(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype, device=x.device)
+    wide[..., ::2] = x
+    view = wide[..., ::2]
+    assert not view.is_contiguous() or x.shape[-1] <= 1
+    return view

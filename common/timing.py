@@ -1,0 +1,63 @@
+"""Timing that is honest about asynchrony.
+
+On a GPU: warm up, then time with CUDA events through ``triton.testing.do_bench``
+(median of many runs, L2 flushed between runs). On a CPU-only machine a wall-clock
+fallback is provided, and every result says which clock it used, so CPU time is
+never mistaken for GPU time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    clock: str          # "cuda-events" or "cpu-wall"
+    n: int
+
+    def __str__(self) -> str:
+        label = "" if self.clock == "cuda-events" else " (CPU wall time)"
+        return f"{self.median_ms:.4f} ms{label}"
+
+
+def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100,
+          flush_l2: bool = True) -> Timing:
+    """Median time of ``fn()`` in ms. GPU: CUDA events via do_bench; CPU: perf_counter."""
+    if torch.cuda.is_available():
+        import triton.testing
+        # do_bench flushes L2 (writes a 256 MB buffer) before every timed run.
+        ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        return Timing(float(ms), "cuda-events", -1)
+    return bench_cpu(fn, warmup=3, rep=max(5, int(rep_ms / 20)))
+
+
+def bench_cpu(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> Timing:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(rep):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return Timing(statistics.median(times), "cpu-wall", rep)
+
+
+def cuda_event_time(fn: Callable[[], object], *, warmup: int = 10, rep: int = 50) -> Timing:
+    """Hand-rolled CUDA-event timing (what do_bench does, minus the L2 flush)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return Timing(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)), "cuda-events", rep)

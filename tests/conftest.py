@@ -1,0 +1,87 @@
+"""Autograder configuration.
+
+    pytest                      # grade assignments/ (your work)
+    pytest --impl solutions     # grade the reference solutions
+    pytest --impl path/to/sub   # grade a submission laid out like assignments/
+    COURSE_IMPL=solutions pytest
+
+Tests that take the ``impl`` fixture are *graded* (marked automatically); the
+rest check the course itself. Tests marked ``gpu`` need a CUDA GPU and skip
+elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import common  # noqa: F401  (sets TRITON_INTERPRET before any kernel module imports triton)
+import pytest
+
+from common import HAS_CUDA
+from common.cuda_ext import nvcc_path
+from common.impl import ENV_VAR, load, resolve
+
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", default=None,
+                     help="what to grade: assignments (default), solutions, or a path laid out like assignments/")
+
+
+def pytest_configure(config):
+    impl = config.getoption("--impl")
+    if impl is not None:
+        os.environ[ENV_VAR] = str(impl)
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
+    config.addinivalue_line("markers", "nvcc: needs the CUDA compiler (nvcc), not a GPU")
+    config.addinivalue_line("markers", "graded: grades the selected impl (added to every test using the impl fixture)")
+
+
+def pytest_report_header(config):
+    return (f"impl: {resolve()}  |  GPU: {'yes' if HAS_CUDA else 'no (GPU tests skip; Triton runs interpreted)'}"
+            f"  |  nvcc: {nvcc_path() or 'not found'}")
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU: this machine has none (runs on a GPU machine)")
+    no_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA compiler) to check CUDA sources")
+    for item in items:
+        if "impl" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.graded)
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(no_gpu)
+        if "nvcc" in item.keywords and nvcc_path() is None:
+            item.add_marker(no_nvcc)
+
+
+class Impl:
+    """The implementation under test; ``impl.load("a03_fused_linear.fused_linear")``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def load(self, module: str):
+        return load(module, self.root)
+
+    def path(self, stage: str) -> Path:
+        return self.root / stage
+
+    def __repr__(self) -> str:
+        return f"Impl({self.root})"
+
+
+@pytest.fixture(scope="session")
+def impl() -> Impl:
+    return Impl(resolve())
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed per test run (printed on failure) so no output can be cached."""
+    import random
+
+    import torch
+    s = random.SystemRandom().randrange(2**31)
+    torch.manual_seed(s)
+    return s
