@@ -5,8 +5,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMPL   ?= assignments
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-# CPU-only machines get the CPU build of torch; GPU machines the default (CUDA) build.
-TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+# CPU-only machines get the CPU build of torch and the Triton the GPU runs were made
+# with (3.6, for its interpreter); GPU machines get the default CUDA build of torch,
+# which brings its own Triton.
+TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0 triton==3.6.0)
 
 .PHONY: test grade notebooks bench-linear clean help
 help:
@@ -17,7 +19,7 @@ help:
 $(STAMP):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
