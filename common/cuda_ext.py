@@ -39,12 +39,15 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:12]
 
 
-def load_op(name: str, sources: Sequence[str | Path], *, extra_cuda_cflags: Sequence[str] = (),
-            fast_math: bool = False, verbose: bool = False) -> str:
+def load_op(name: str, sources: Sequence[str | Path], *, namespace: str,
+            extra_cuda_cflags: Sequence[str] = (), fast_math: bool = False, verbose: bool = False) -> str:
     """Build (or reuse) an extension that registers torch operators; return its build name.
 
-    The sources register their ops with ``TORCH_LIBRARY``; call them as
-    ``torch.ops.<namespace>.<op>``. Raises RuntimeError if no CUDA GPU is present.
+    The sources register their ops with ``TORCH_LIBRARY(COURSE_NS, m)`` through the
+    indirection ``#define COURSE_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)`` (so the macro
+    ``COURSE_NS`` is expanded); ``namespace`` is passed as ``-DCOURSE_NS=<namespace>``
+    (use ``common.impl.op_namespace(__name__)``). Call the ops as
+    ``getattr(torch.ops, namespace).<op>``. Raises RuntimeError without a CUDA GPU.
     """
     import torch
     from torch.utils.cpp_extension import load
@@ -52,7 +55,8 @@ def load_op(name: str, sources: Sequence[str | Path], *, extra_cuda_cflags: Sequ
         raise RuntimeError(f"{name}: building and running a CUDA op needs a CUDA GPU "
                            "(on a CPU-only machine use compile_check to check the sources)")
     sources = [Path(s) for s in sources]
-    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", *extra_cuda_cflags]
+    ns_flag = f"-DCOURSE_NS={namespace}"
+    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", ns_flag, *extra_cuda_cflags]
     if fast_math:
         flags.append("--use_fast_math")
     build_name = f"{name}_{_digest(sources, flags)}"
@@ -65,7 +69,7 @@ def load_op(name: str, sources: Sequence[str | Path], *, extra_cuda_cflags: Sequ
         print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
               file=sys.stderr, flush=True)
     load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags,
-         extra_cflags=["-O3", "-std=c++17"], build_directory=str(build_dir),
+         extra_cflags=["-O3", "-std=c++17", ns_flag], build_directory=str(build_dir),
          is_python_module=False, verbose=verbose)
     _LOADED[build_name] = True
     return build_name
@@ -90,7 +94,7 @@ def _cuda_include() -> list[str]:
     return [str(inc)] if inc.exists() else []
 
 
-def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] = ()) -> None:
+def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] = ("-DCOURSE_NS=course_check",)) -> None:
     """Compile each source as a syntax/type check (no linking, no GPU needed).
 
     ``.cu`` files go through ``nvcc -c`` for CHECK_ARCH; ``.cpp`` files through the

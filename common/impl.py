@@ -68,3 +68,14 @@ def load(module: str, impl: str | os.PathLike | None = None) -> ModuleType:
 def stage_dir(stage: str, impl: str | os.PathLike | None = None) -> Path:
     """Folder of one stage inside an impl, e.g. ``stage_dir("a01_roundtrip_linear")``."""
     return resolve(impl) / stage
+
+
+def op_namespace(module_name: str) -> str:
+    """Torch-operator namespace for the impl a module belongs to.
+
+    ``op_namespace(__name__)`` in ``solutions.a05_triton_gelu.gelu_triton`` gives
+    ``course_solutions``; in ``assignments...`` ``course_assignments``; in a
+    submission ``course_impl_<hash>``. Each impl registers its ops under its own
+    namespace, so assignments and solutions can be imported in one process.
+    """
+    return "course_" + module_name.split(".")[0]
