@@ -80,17 +80,48 @@ def trace_ops() -> Iterator[OpTrace]:
         yield t
 
 
+def _cuda0(d):
+    """'cuda' / torch.device('cuda') -> cuda:0 (fake tensors cannot ask a driver for the current device)."""
+    if isinstance(d, str) and d == "cuda":
+        return torch.device("cuda", 0)
+    if isinstance(d, torch.device) and d.type == "cuda" and d.index is None:
+        return torch.device("cuda", 0)
+    return d
+
+
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
-    """Run code on fake CUDA tensors (works without a GPU).
+    """Run code on fake CUDA tensors (shapes, dtypes, devices; no data): works without a GPU.
 
     Create every tensor inside the block (``torch.randn(..., device="cuda")``).
-    Move tensors back with ``.to(x.device)``: ``.cuda()`` and ``.to("cuda")``
-    ask the real driver for the current device and fail on a CPU-only build.
+    On a CPU-only build a few Tensor methods ask the CUDA driver for a device
+    guard; inside the block ``.contiguous()``, ``.cuda()`` and ``.to("cuda")``
+    are routed through ops the fake mode handles, with the same results.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(allow_non_fake_inputs=False):
-        yield
+    T = torch.Tensor
+    saved = (T.contiguous, T.cuda, T.to)
+
+    def contiguous(self, memory_format=torch.contiguous_format):
+        return self if self.is_contiguous(memory_format=memory_format) else self.clone(memory_format=memory_format)
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        dev = torch.device("cuda", 0 if device is None else torch.device(device).index or 0)
+        return saved[2](self, dev, non_blocking=non_blocking, memory_format=memory_format)
+
+    def to(self, *args, **kwargs):
+        if args:
+            args = (_cuda0(args[0]), *args[1:])
+        if "device" in kwargs:
+            kwargs["device"] = _cuda0(kwargs["device"])
+        return saved[2](self, *args, **kwargs)
+
+    T.contiguous, T.cuda, T.to = contiguous, cuda, to
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            yield
+    finally:
+        T.contiguous, T.cuda, T.to = saved
 
 
 def count_host_transfers(fn: Callable[[], object]) -> OpTrace:

@@ -1,0 +1,44 @@
+"""Stage 2: store W^T once, at construction.
+
+The round-trip layer of stage 1 moved and transposed the weight on every call.
+The weight never changes during inference, so transpose it once, keep W^T
+([in_features, out_features], contiguous) on the device, and the forward is a
+plain ``x @ W^T``: no transpose, no weight transfer. The bias still takes the
+host path at this stage (output GPU->CPU, add, result CPU->GPU): 2 transfers per
+call with a bias, 0 without. Stage 3 moves the bias onto the GPU.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PretransposedLinear(nn.Module):
+    """y = x @ W^T + b with W^T stored once.
+
+    Args:
+        weight: [out_features, in_features], the ``nn.Linear`` layout, on the device
+            the layer runs on (so ``nn.Linear`` weights load unchanged).
+        bias: [out_features] or None; kept in host memory (``self.bias_host``).
+
+    Attributes:
+        weight_t: [in_features, out_features], contiguous, on ``weight``'s device,
+            made once here and never transposed again.
+
+    forward(x): x is [..., in_features] on ``weight_t``'s device with its dtype;
+    returns [..., out_features]. Raises ValueError if x's last dim is not
+    in_features.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        # TODO(a02): store self.weight_t ([in, out], contiguous, made once) and self.bias_host.
+        raise NotImplementedError("a02: implement PretransposedLinear.__init__")
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PretransposedLinear:
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO(a02): check x's last dim, multiply by self.weight_t, add the bias on the host.
+        raise NotImplementedError("a02: implement PretransposedLinear.forward")

@@ -1,0 +1,87 @@
+"""Stage 3a: broadcast a bias over the rows of y, on the GPU, in Triton.
+
+y is [..., N] and b is [N]. View y as a matrix of M = prod(leading dims) rows and
+N columns; each program adds b to one BLOCK_M x BLOCK_N tile. The bias tile is
+loaded once per program and broadcast down the rows, so b is read from memory
+M / BLOCK_M times instead of M times, and y is read once and written once:
+the op moves about 2·M·N·itemsize bytes, the floor for it.
+
+Run the benchmark:  python -m solutions.a03_fused_linear.bench
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from common.checks import check_same, check_tensor
+
+
+@triton.jit
+def add_bias_kernel(y_ptr, b_ptr, out_ptr, M, N,
+                    stride_ym, stride_yn, stride_om, stride_on,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows[:, None] < M) & col_ok[None, :]
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn, mask=mask, other=0.0)
+    out = y.to(tl.float32) + b[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+             out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(y2: torch.Tensor, b: torch.Tensor, out2: torch.Tensor) -> None:
+    M, N = y2.shape
+    BLOCK_N = min(triton.next_power_of_2(N), 256)
+    BLOCK_M = max(1, min(64, 4096 // BLOCK_N))
+    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
+    add_bias_kernel[grid](y2, b, out2, M, N, y2.stride(0), y2.stride(1), out2.stride(0), out2.stride(1),
+                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+
+
+def _check(y: torch.Tensor, b: torch.Tensor) -> None:
+    check_tensor(y, "y", min_ndim=1)
+    check_tensor(b, "b", ndim=1)
+    check_same(y, b, "add_bias(y, b)")
+    if b.shape[0] != y.shape[-1]:
+        raise ValueError(f"add_bias: b has shape {tuple(b.shape)} but y's last dim is {y.shape[-1]}; "
+                         f"expected b of shape ({y.shape[-1]},)")
+
+
+def add_bias(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Return y + b (a new tensor), broadcasting b [N] over y [..., N].
+
+    y and b are on the kernel device (CUDA; CPU under the Triton interpreter),
+    share a float dtype (fp32, fp16, bf16) and may be non-contiguous. The
+    result is contiguous with y's shape and dtype; the add is done in fp32.
+    """
+    _check(y, b)
+    N = y.shape[-1]
+    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if out.numel():
+        _launch(y.reshape(-1, N), b, out.view(-1, N))
+    return out
+
+
+def add_bias_(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """In place: y += b, broadcasting b [N] over y [..., N]; returns y.
+
+    Same contract as :func:`add_bias`, except that y's leading dims must
+    collapse into one without a copy (true for contiguous y and for column
+    slices of it); otherwise a ValueError says to pass a contiguous y.
+    """
+    _check(y, b)
+    N = y.shape[-1]
+    if y.numel() == 0:
+        return y
+    try:
+        y2 = y.view(-1, N)
+    except RuntimeError:
+        raise ValueError(f"add_bias_: y with shape {tuple(y.shape)} and strides {y.stride()} cannot be "
+                         "viewed as [rows, N] without a copy; pass a contiguous y") from None
+    _launch(y2, b, y2)
+    return y

@@ -1,0 +1,71 @@
+"""Stage 3b: the fused Linear, y = x @ W^T + b in one GEMM, bias in the epilogue.
+
+No host transfers at all. Two ways to get the bias onto the GPU:
+
+* ``backend="addmm"``: ``torch.addmm(b, x, W^T)`` asks cuBLAS(Lt) for a GEMM whose
+  epilogue adds the bias while the output tile is still in registers: one
+  kernel, y written once.
+* ``backend="triton"``: the GEMM (``x @ W^T``), then :func:`add_bias_` in place:
+  two kernels, y written by the GEMM and then read and written again by the
+  bias kernel (2·M·N·itemsize extra bytes). Shown for comparison.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from common.checks import check_tensor
+
+from .add_bias import add_bias_
+
+BACKENDS = ("addmm", "triton")
+
+
+class FusedLinear(nn.Module):
+    """y = x @ W^T + b, all on the device.
+
+    Args:
+        weight: [out_features, in_features] (``nn.Linear`` layout), float
+            (fp32/fp16/bf16), on the device the layer runs on.
+        bias: [out_features] or None, same device and dtype as weight.
+        backend: "addmm" (bias in the cuBLAS epilogue) or "triton" (GEMM, then
+            the stage-3a bias kernel in place).
+
+    Attributes: ``weight_t`` [in_features, out_features] contiguous; ``bias``.
+
+    forward(x): x [..., in_features] (any leading dims, may be non-contiguous),
+    same device and dtype as the weight; returns [..., out_features]. Raises a
+    ValueError/TypeError naming the expected shape, device or dtype otherwise.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: str = "addmm"):
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        check_tensor(weight, "weight", device=None, ndim=2)
+        if bias is not None:
+            check_tensor(bias, "bias", device=weight.device.type, dtypes=[weight.dtype], ndim=1)
+            if bias.shape[0] != weight.shape[0]:
+                raise ValueError(f"bias: expected shape ({weight.shape[0]},) to match weight "
+                                 f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
+        self.backend = backend
+        self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, backend: str = "addmm") -> FusedLinear:
+        return cls(linear.weight, linear.bias, backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight_t
+        check_tensor(x, "x", device=w.device.type, dtypes=[w.dtype], min_ndim=1)
+        if x.shape[-1] != w.shape[0]:
+            raise ValueError(f"x: expected shape [..., {w.shape[0]}] (in_features), got {tuple(x.shape)}")
+        x2 = x.reshape(-1, w.shape[0])
+        if self.bias is None:
+            y = x2 @ w
+        elif self.backend == "addmm":
+            y = torch.addmm(self.bias, x2, w)
+        else:
+            y = add_bias_(x2 @ w, self.bias)
+        return y.view(*x.shape[:-1], w.shape[1])

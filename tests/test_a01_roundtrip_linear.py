@@ -1,0 +1,115 @@
+"""Stage 1: counting the round trips of RoundTripLinear.
+
+CPU: the student's HostTransferCounter on fake CUDA tensors, checked against the
+harness's own counter; answers.toml. GPU: transfer_report against the profiler.
+"""
+import math
+import tomllib
+
+import pytest
+import torch
+
+from common.profiling import fake_cuda, profile, trace_ops
+
+STAGE = "a01_roundtrip_linear"
+MOD = f"{STAGE}.roundtrip_linear"
+
+
+@pytest.fixture
+def mod(impl):
+    return impl.load(MOD)
+
+
+def _count_layer(mod, bias: bool, in_f=48, out_f=80, lead=(3, 5)):
+    with fake_cuda():
+        w = torch.randn(out_f, in_f, device="cuda")
+        b = torch.randn(out_f, device="cuda") if bias else None
+        layer = mod.RoundTripLinear(w, b)
+        x = torch.randn(*lead, in_f, device="cuda")
+        with mod.HostTransferCounter() as mine:
+            y = layer(x)
+        with trace_ops() as ref:
+            layer(x)
+    assert tuple(y.shape) == (*lead, out_f) and y.device.type == "cuda", "the counter changed the layer's output"
+    return mine, ref
+
+
+@pytest.mark.parametrize("bias,expected", [(True, 4), (False, 2)])
+def test_counter_roundtrip_linear(mod, bias, expected):
+    mine, ref = _count_layer(mod, bias)
+    assert ref.host_transfers == expected  # the harness's own count: the layer is given code
+    assert (mine.htod, mine.dtoh) == (ref.htod, ref.dtoh), (
+        f"HostTransferCounter saw htod={mine.htod}, dtoh={mine.dtoh}; the layer does htod={ref.htod}, dtoh={ref.dtoh}")
+    assert mine.total == expected
+
+
+SNIPPETS = {
+    "to_cpu": lambda x, h: x.to("cpu"),
+    "cpu_method": lambda x, h: x.cpu(),
+    "there_and_back": lambda x, h: x.cpu().mul(2).to(x.device),
+    "host_to_device": lambda x, h: h.to(x.device),
+    "copy_into_host": lambda x, h: h.copy_(x),
+    "device_only": lambda x, h: (x * 2 + 1).sum(),
+    "host_only": lambda x, h: (h @ h.T).clone(),
+    "device_clone": lambda x, h: x.clone().to(x.device),
+    "two_each_way": lambda x, h: [x.to("cpu"), h.to(x.device), x.sum().cpu(), (h + 1).to(x.device)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_counter_matches_harness(mod, name):
+    snippet = SNIPPETS[name]
+    with fake_cuda():
+        x = torch.randn(6, 6, device="cuda")
+        h = torch.randn(6, 6)
+        with mod.HostTransferCounter() as mine:
+            snippet(x, h)
+        with trace_ops() as ref:
+            snippet(x, h)
+    assert (mine.htod, mine.dtoh) == (ref.htod, ref.dtoh), (
+        f"{name}: counted htod={mine.htod}, dtoh={mine.dtoh}; expected htod={ref.htod}, dtoh={ref.dtoh}")
+
+
+def test_counter_keeps_results(mod):
+    """Counting must not change values: run real (CPU) ops under the counter."""
+    x = torch.randn(17, 9)
+    w = torch.randn(9, 4)
+    with mod.HostTransferCounter() as c:
+        y = torch.relu(x @ w) + 1
+    torch.testing.assert_close(y, torch.relu(x @ w) + 1)
+    assert c.total == 0, f"no host<->device copy happened, but the counter says {c.total}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [True, False])
+def test_transfer_report_on_gpu(mod, bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(768, 3072, bias=bias, device="cuda")
+    layer = mod.RoundTripLinear.from_linear(lin)
+    x = torch.randn(8, 128, 768, device="cuda")
+    rep = mod.transfer_report(lambda: layer(x))
+    ref = profile(lambda: layer(x))
+    assert (rep.htod_per_call, rep.dtoh_per_call) == (ref.htod, ref.dtoh)
+    assert abs(rep.memcpy_share - ref.memcpy_share) < 0.15, (
+        f"memcpy share {rep.memcpy_share:.3f}, profiler says {ref.memcpy_share:.3f}")
+    assert rep.kernel_us_per_call > 0
+    none = mod.transfer_report(lambda: torch.nn.functional.linear(x, lin.weight, lin.bias))
+    assert none.htod_per_call == 0 and none.dtoh_per_call == 0 and none.memcpy_share == 0
+
+
+def test_answers(impl):
+    path = impl.path(STAGE) / "answers.toml"
+    assert path.exists(), f"{path} is missing"
+    ans = tomllib.loads(path.read_text())
+    assert ans.get("transfers_with_bias") == 4, f"transfers_with_bias = {ans.get('transfers_with_bias')}: count again"
+    assert ans.get("transfers_without_bias") == 2, (
+        f"transfers_without_bias = {ans.get('transfers_without_bias')}: count again")
+    share = float(ans.get("memcpy_share", math.nan))
+    assert 0.5 < share <= 1.0, (
+        f"memcpy_share = {share}: the share of GPU time in host copies, a fraction in (0.5, 1] for this layer")
+    if torch.cuda.is_available():
+        lin = torch.nn.Linear(768, 3072, device="cuda")
+        layer = impl.load(MOD).RoundTripLinear.from_linear(lin)
+        x = torch.randn(32, 1024, 768, device="cuda")
+        measured = profile(lambda: layer(x), calls=3).memcpy_share
+        assert abs(share - measured) < 0.15, f"memcpy_share = {share}, this GPU measures {measured:.3f}"

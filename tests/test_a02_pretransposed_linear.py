@@ -1,0 +1,64 @@
+"""Stage 2: W^T stored once; no transpose and no weight transfer per call."""
+import pytest
+import torch
+
+from common import DEVICE
+from common import reference as ref
+from common.profiling import fake_cuda, trace_ops
+from common.testing import assert_close, non_contiguous, randn
+
+MOD = "a02_pretransposed_linear.pretransposed_linear"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(1, 1, (1,)), (7, 5, (3,)), (64, 1000, (2, 7)), (33, 4097, (5,))]  # in, out, leading dims
+
+
+@pytest.fixture
+def mod(impl):
+    return impl.load(MOD)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,out_f,lead", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_numerics(mod, dtype, in_f, out_f, lead, bias):
+    w = randn(out_f, in_f, dtype=dtype) / in_f**0.5
+    b = randn(out_f, dtype=dtype) if bias else None
+    x = randn(*lead, in_f, dtype=dtype)
+    layer = mod.PretransposedLinear(w, b)
+    assert_close(layer(x), ref.linear(x, w, b), dtype=dtype)
+    assert_close(layer(non_contiguous(x)), ref.linear(x, w, b), dtype=dtype, name="non-contiguous x")
+
+
+def test_weight_stored_transposed_once(mod):
+    lin = torch.nn.Linear(24, 40).to(DEVICE)
+    layer = mod.PretransposedLinear.from_linear(lin)
+    wt = layer.weight_t
+    assert tuple(wt.shape) == (24, 40), f"weight_t: expected [in, out] = (24, 40), got {tuple(wt.shape)}"
+    assert wt.is_contiguous(), "weight_t must be contiguous (transposed once, at construction)"
+    torch.testing.assert_close(wt.detach(), lin.weight.detach().T)
+    ptr = wt.data_ptr()
+    layer(randn(3, 24))
+    layer(randn(5, 24))
+    assert layer.weight_t.data_ptr() == ptr, "weight_t must be made once, not rebuilt per call"
+
+
+@pytest.mark.parametrize("bias,expected", [(True, 2), (False, 0)])
+def test_host_transfers(mod, bias, expected):
+    with fake_cuda():
+        w = torch.randn(96, 64, device="cuda")
+        b = torch.randn(96, device="cuda") if bias else None
+        layer = mod.PretransposedLinear(w, b)
+        x = torch.randn(4, 8, 64, device="cuda")
+        with trace_ops() as t:
+            y = layer(x)
+    assert tuple(y.shape) == (4, 8, 96) and y.device.type == "cuda"
+    assert t.host_transfers == expected, f"{t.host_transfers} host transfers per call (htod {t.htod}, dtoh {t.dtoh}); expected {expected}"
+    transposes = t.count("aten.t.", "aten.transpose", "aten.permute", "aten.clone", "aten.contiguous")
+    assert transposes == 0, f"the forward transposes or copies the weight: {[o for o in t.ops if 'mm' not in o]}"
+    assert t.count("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul") == 1, f"expected one GEMM, ops: {t.ops}"
+
+
+def test_bad_input(mod):
+    layer = mod.PretransposedLinear(randn(8, 6))
+    with pytest.raises(ValueError, match="6"):
+        layer(randn(2, 7))

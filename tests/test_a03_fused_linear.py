@@ -1,0 +1,148 @@
+"""Stage 3: the Triton bias kernel and the fused Linear (no host transfers)."""
+import pytest
+import torch
+
+from common import DEVICE, HAS_CUDA
+from common import reference as ref
+from common.profiling import fake_cuda, profile, trace_ops
+from common.testing import assert_close, non_contiguous, randn
+
+BIAS = "a03_fused_linear.add_bias"
+LINEAR = "a03_fused_linear.fused_linear"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+Y_SHAPES = [(1,), (1, 1), (7, 13), (3, 5, 1000), (2, 3, 257)] + ([(64, 4097), (4, 33, 3072)] if HAS_CUDA else [])
+ARITH = ("aten.add", "aten.sub", "aten.mul", "aten.addmm", "aten.addcmul", "aten.where", "aten.expand")
+
+
+@pytest.fixture
+def bias_mod(impl):
+    return impl.load(BIAS)
+
+
+@pytest.fixture
+def lin_mod(impl):
+    return impl.load(LINEAR)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", Y_SHAPES)
+def test_add_bias(bias_mod, dtype, shape):
+    y = randn(*shape, dtype=dtype)
+    b = randn(shape[-1], dtype=dtype)
+    y0 = y.clone()
+    out = bias_mod.add_bias(y, b)
+    assert_close(out, ref.add_bias(y, b), dtype=dtype)
+    assert torch.equal(y, y0), "add_bias (out of place) must not modify y"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 13), (3, 5, 1000), (1, 257)])
+def test_add_bias_inplace(bias_mod, dtype, shape):
+    y = randn(*shape, dtype=dtype)
+    b = randn(shape[-1], dtype=dtype)
+    expected = ref.add_bias(y, b)
+    out = bias_mod.add_bias_(y, b)
+    assert out is y, "add_bias_ must return y itself"
+    assert_close(y, expected, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_bias_non_contiguous(bias_mod, dtype):
+    y = non_contiguous(randn(6, 11, 40, dtype=dtype))
+    b = randn(40, dtype=dtype)
+    assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b), dtype=dtype)
+    cols = randn(9, 80, dtype=dtype)[:, 10:50]  # a column slice: strided rows, in place is possible
+    expected = ref.add_bias(cols, b)
+    bias_mod.add_bias_(cols, b)
+    assert_close(cols, expected, dtype=dtype, name="in-place on a column slice")
+
+
+def test_add_bias_is_a_kernel(bias_mod):
+    """The bias add must be the stage's own kernel, not torch arithmetic."""
+    y, b = randn(33, 70), randn(70)
+    if HAS_CUDA:
+        rep = profile(lambda: bias_mod.add_bias(y, b))
+        aten = [k for k in rep.kernels if "at::native" in k or "elementwise" in k.lower()]
+        assert rep.n_kernels == 1 and not aten, f"expected one Triton kernel per call, got {rep.kernels}"
+    else:
+        with trace_ops() as t:
+            bias_mod.add_bias(y, b)
+        assert t.count(*ARITH) == 0, f"torch arithmetic ran instead of a kernel: {sorted(set(t.ops))}"
+
+
+def test_add_bias_bad_input(bias_mod):
+    y = randn(4, 8)
+    b = randn(8)
+    assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b))  # valid input works; bad input raises:
+    with pytest.raises(ValueError, match=r"\(8,\)"):
+        bias_mod.add_bias(y, randn(9))
+    with pytest.raises(TypeError, match="dtype"):
+        bias_mod.add_bias(y.to(torch.int32), randn(8).to(torch.int32))
+    with pytest.raises(TypeError, match="dtype"):
+        bias_mod.add_bias(y, randn(8, dtype=torch.float16))
+    with pytest.raises((ValueError, TypeError)):
+        bias_mod.add_bias(y, randn(2, 4))
+
+
+@pytest.mark.parametrize("backend", ["addmm", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,out_f,lead", [(1, 7, (1,)), (7, 1000, (3,)), (96, 257, (2, 5)), (40, 4097, (3,))])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_linear(lin_mod, backend, dtype, in_f, out_f, lead, bias):
+    w = randn(out_f, in_f, dtype=dtype) / in_f**0.5
+    b = randn(out_f, dtype=dtype) if bias else None
+    layer = lin_mod.FusedLinear(w, b, backend=backend)
+    x = randn(*lead, in_f, dtype=dtype)
+    assert_close(layer(x), ref.linear(x, w, b), dtype=dtype)
+    assert_close(layer(non_contiguous(x)), ref.linear(x, w, b), dtype=dtype, name="non-contiguous x")
+
+
+def test_fused_linear_from_linear(lin_mod):
+    lin = torch.nn.Linear(30, 50).to(DEVICE)
+    x = randn(4, 30)
+    assert_close(lin_mod.FusedLinear.from_linear(lin)(x), ref.linear(x, lin.weight, lin.bias))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_linear_one_gemm_no_transfers(lin_mod, bias):
+    """addmm backend on fake CUDA tensors: one GEMM with the bias fused, no host copy."""
+    with fake_cuda():
+        w = torch.randn(96, 64, device="cuda")
+        b = torch.randn(96, device="cuda") if bias else None
+        layer = lin_mod.FusedLinear(w, b, backend="addmm")
+        x = torch.randn(4, 8, 64, device="cuda")
+        with trace_ops() as t:
+            y = layer(x)
+    assert tuple(y.shape) == (4, 8, 96) and y.device.type == "cuda"
+    assert t.host_transfers == 0, f"{t.host_transfers} host transfers per call; expected 0"
+    gemms = t.count("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear")
+    assert gemms == 1, f"expected exactly one GEMM, ops: {t.ops}"
+    assert t.count("aten.add.", "aten.add_.", "aten.t.", "aten.transpose", "aten.clone") == 0, (
+        f"bias add or transpose outside the GEMM: {t.ops}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,kernels", [("addmm", 1), ("triton", 2)])
+def test_fused_linear_profile(lin_mod, backend, kernels):
+    lin = torch.nn.Linear(768, 3072, device="cuda")
+    layer = lin_mod.FusedLinear.from_linear(lin, backend=backend)
+    x = torch.randn(8, 128, 768, device="cuda")
+    rep = profile(lambda: layer(x))
+    assert rep.host_transfers == 0, rep.table()
+    assert rep.n_kernels == kernels, rep.table()
+
+
+def test_fused_linear_bad_input(lin_mod):
+    layer = lin_mod.FusedLinear(randn(8, 6), randn(8))
+    with pytest.raises(ValueError, match=r"6"):
+        layer(randn(2, 7))
+    with pytest.raises(TypeError, match="dtype"):
+        layer(randn(2, 6).to(torch.int64))
+    with pytest.raises(TypeError, match="dtype"):
+        layer(randn(2, 6, dtype=torch.float16))
+    with pytest.raises(TypeError, match="dtype"):
+        lin_mod.FusedLinear(randn(8, 6).to(torch.int32))
+    with fake_cuda():
+        layer = lin_mod.FusedLinear(torch.randn(8, 6, device="cuda"), torch.randn(8, device="cuda"))
+        with pytest.raises(ValueError, match="cuda"):
+            layer(torch.randn(2, 6))  # a CPU tensor where CUDA is required

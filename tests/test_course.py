@@ -1,0 +1,102 @@
+"""Checks of the course itself (not graded): the two trees mirror each other, and
+the untouched stubs fail every graded test."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from common.impl import REPO, load, resolve
+
+SKIP_PARTS = {"__pycache__", ".ipynb_checkpoints"}
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and not SKIP_PARTS & set(p.parts) and p.suffix not in (".pyc",)}
+
+
+def _stages() -> list[str]:
+    return sorted(p.name for p in (REPO / "assignments").iterdir() if p.is_dir() and p.name[:1] == "a")
+
+
+def test_solutions_mirror_assignments_file_for_file():
+    a, s = _files(REPO / "assignments"), _files(REPO / "solutions")
+    assert a == s, f"only in assignments: {sorted(a - s)}; only in solutions: {sorted(s - a)}"
+    assert _stages(), "no stages found"
+
+
+def _public_api(module) -> dict[str, str]:
+    """Public names defined in a module, with signatures (classes: their public methods too)."""
+    api = {}
+    for name, obj in vars(module).items():
+        if name.startswith("_") or inspect.ismodule(obj):
+            continue
+        fn = getattr(obj, "fn", obj)  # a @triton.jit kernel keeps its Python function in .fn
+        if getattr(fn, "__module__", module.__name__) != module.__name__ and (inspect.isfunction(fn) or inspect.isclass(fn)):
+            continue  # imported from elsewhere
+        if inspect.isclass(obj):
+            api[name] = "class"
+            for m, f in vars(obj).items():
+                if (not m.startswith("_") or m in ("__init__", "__call__", "forward")) and callable(getattr(f, "__func__", f)):
+                    try:
+                        api[f"{name}.{m}"] = str(inspect.signature(getattr(f, "__func__", f)))
+                    except (TypeError, ValueError):
+                        api[f"{name}.{m}"] = "callable"
+        elif callable(fn):
+            try:
+                api[name] = str(inspect.signature(fn))
+            except (TypeError, ValueError):
+                api[name] = "callable"
+        else:
+            api[name] = type(obj).__name__
+    return api
+
+
+def _modules() -> list[str]:
+    return sorted(f"{p.parent.name}.{p.stem}" for p in (REPO / "solutions").glob("a*/*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("module", _modules())
+def test_same_public_api(module):
+    sol = _public_api(load(module, "solutions"))
+    others = [("assignments", _public_api(load(module, "assignments")))]
+    if resolve().name not in ("assignments", "solutions"):
+        others.append((str(resolve()), _public_api(load(module, resolve()))))
+    for label, api in others:
+        missing = sorted(set(sol) - set(api))
+        extra = sorted(set(api) - set(sol))
+        changed = sorted(k for k in set(sol) & set(api) if sol[k] != api[k])
+        assert not (missing or extra or changed), (
+            f"{label}.{module} differs from solutions: missing {missing}, extra {extra}, "
+            f"changed {[(k, api[k], sol[k]) for k in changed]}")
+
+
+def test_untouched_stubs_fail_every_graded_test(tmp_path):
+    """Run the graded tests against assignments/: none may pass."""
+    if resolve() != REPO / "solutions":
+        pytest.skip("course self-check: runs with --impl solutions (make test), where assignments/ are the stubs")
+    xml = tmp_path / "stubs.xml"
+    env = dict(os.environ, COURSE_IMPL="assignments")
+    r = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "tests"), "-m", "graded", "--impl", "assignments",
+                        "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert xml.exists(), f"the stub run produced no report:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    passed, failed, skipped = [], 0, 0
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            failed += 1
+        elif "skipped" in kinds:
+            skipped += 1
+        else:
+            passed.append(f"{case.get('classname')}::{case.get('name')}")
+    print(f"stub run: {failed} failed, {skipped} skipped, {len(passed)} passed")
+    assert failed > 0, f"no graded test failed on the stubs:\n{r.stdout[-3000:]}"
+    assert not passed, f"{len(passed)} graded tests pass on the untouched stubs: {passed}"
