@@ -117,8 +117,8 @@ def test_fused_linear_one_gemm_no_transfers(lin_mod, bias):
     assert t.host_transfers == 0, f"{t.host_transfers} host transfers per call; expected 0"
     gemms = t.count("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear")
     assert gemms == 1, f"expected exactly one GEMM, ops: {t.ops}"
-    assert t.count("aten.add.", "aten.add_.", "aten.t.", "aten.transpose", "aten.clone") == 0, (
-        f"bias add or transpose outside the GEMM: {t.ops}")
+    assert t.count("aten.add.", "aten.add_.", "aten.clone", "aten.contiguous", "aten._to_copy", "aten.copy_") == 0, (
+        f"bias add or a weight copy outside the GEMM: {t.ops}")
 
 
 @pytest.mark.gpu

@@ -5,6 +5,13 @@ No host transfers at all. Two ways to get the bias onto the GPU:
 * ``backend="addmm"``: ``torch.addmm(b, x, W^T)`` asks cuBLAS(Lt) for a GEMM whose
   epilogue adds the bias while the output tile is still in registers: one
   kernel, y written once.
+
+W^T is passed as a *view* of the [out, in] weight (``weight.t()``): no data moves,
+cuBLAS just reads the operand with the other transpose flag. Keeping the weight
+[out, in] (both GEMM operands contiguous along K) is also what Hopper's tensor-core
+kernels prefer: on the H100 a contiguous [in, out] copy of W^T was up to 6% slower
+at GPT-2 shapes (see lectures/results/a01_a03_linear.md). Stage 2's lesson stands:
+never *copy* or move the weight per call; a transposed view costs nothing.
 * ``backend="triton"``: the GEMM (``x @ W^T``), then :func:`add_bias_` in place:
   two kernels, y written by the GEMM and then read and written again by the
   bias kernel (2·M·N·itemsize extra bytes). Shown for comparison.
@@ -31,7 +38,8 @@ class FusedLinear(nn.Module):
         backend: "addmm" (bias in the cuBLAS epilogue) or "triton" (GEMM, then
             the stage-3a bias kernel in place).
 
-    Attributes: ``weight_t`` [in_features, out_features] contiguous; ``bias``.
+    Attributes: ``weight`` [out_features, in_features] as given; ``weight_t``, its
+    transposed view [in_features, out_features] (no copy); ``bias``.
 
     forward(x): x [..., in_features] (any leading dims, may be non-contiguous),
     same device and dtype as the weight; returns [..., out_features]. Raises a
@@ -49,8 +57,13 @@ class FusedLinear(nn.Module):
                 raise ValueError(f"bias: expected shape ({weight.shape[0]},) to match weight "
                                  f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
         self.backend = backend
-        self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)
+        self.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @property
+    def weight_t(self) -> torch.Tensor:
+        """W^T as a view: [in_features, out_features], no data moved."""
+        return self.weight.t()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, backend: str = "addmm") -> FusedLinear:
