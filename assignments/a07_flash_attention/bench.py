@@ -1,0 +1,307 @@
+"""Stage 7 benchmark: flash attention (Triton, tiled PyTorch) vs naive attention and SDPA.
+
+    python -m solutions.a07_flash_attention.bench            # full table + plots (H100, ~5 min)
+    python -m solutions.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
+    python -m solutions.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
+
+bf16, B·H·S = 2^19 tokens (B·H = 128 at S = 4096, 32 at S = 16384; H = 16),
+d = 64 and 128, causal and not. Times are CUDA-event medians with L2 flushed
+(common.timing.bench). FLOPs: 4·B·H·S²·d forward (halved when causal), backward
+2.5x forward (common.roofline.attention_flops). Backward is timed alone
+(autograd.grad with retain_graph), so the floors compare like with like.
+Writes lectures/results/a07_flash_attention.{md,csv} and a07_*.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import common  # noqa: F401
+from common.roofline import attention_flops
+from common.timing import bench
+
+from . import flash_torch, flash_triton
+
+RESULTS = Path(__file__).resolve().parents[2] / "lectures" / "results"
+TOKENS = 1 << 19
+HEADS = 16
+DTYPE = torch.bfloat16
+
+
+def naive_attention(q, k, v, is_causal=False):
+    """Materialises the [.., S, S] score matrix (fp32 softmax)."""
+    s = (q @ k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.shape[-1]))
+    if is_causal:
+        nq, nk = q.shape[-2], k.shape[-2]
+        i = torch.arange(nq, device=q.device)[:, None]
+        j = torch.arange(nk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (nk - nq), float("-inf"))
+    return torch.softmax(s, dim=-1).to(q.dtype) @ v
+
+
+def sdpa(q, k, v, is_causal=False):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+IMPLS = {
+    "triton": flash_triton.flash_attention,
+    "sdpa": sdpa,
+    "naive": naive_attention,
+    "tiled_torch": flash_torch.flash_attention_torch,
+}
+#: Largest S each slow implementation is timed at (memory / time).
+MAX_S = {"naive": 4096, "tiled_torch": 2048}
+
+
+def inputs(bh: int, s: int, d: int, grad: bool = True):
+    b = max(1, bh // HEADS)
+    h = bh // b
+    mk = lambda: torch.randn(b, h, s, d, device="cuda", dtype=DTYPE).requires_grad_(grad)
+    return mk(), mk(), mk()
+
+
+def time_impl(fn, q, k, v, causal):
+    fwd = bench(lambda: fn(q, k, v, causal)).median_ms
+    o = fn(q, k, v, causal)
+    do = torch.randn_like(o)
+    bwd = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)).median_ms
+    del o
+    return fwd, bwd
+
+
+def check_tuned(d: int, causal: bool) -> str:
+    """Rel. error of the autotuned Triton path vs SDPA in fp32 at S=1024 (a sanity check)."""
+    q, k, v = inputs(16, 1024, d)
+    o = flash_triton.flash_attention(q, k, v, causal)
+    do = torch.randn_like(o)
+    g = torch.autograd.grad(o, (q, k, v), do)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    of = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+    gf = torch.autograd.grad(of, (qf, kf, vf), do.float())
+    errs = [((a.float() - b).norm() / b.norm()).item() for a, b in zip((o, *g), (of, *gf))]
+    return " ".join(f"{n}={e:.1e}" for n, e in zip(("O", "dQ", "dK", "dV"), errs))
+
+
+def run_table(sizes, d_list, rows_out):
+    for d in d_list:
+        for causal in (False, True):
+            print(f"[a07] d={d} causal={causal} tuned-path check: {check_tuned(d, causal)}", flush=True)
+            for s in sizes:
+                bh = TOKENS // s
+                q, k, v = inputs(bh, s, d)
+                f_fwd = attention_flops(bh, s, s, d, causal)
+                f_bwd = attention_flops(bh, s, s, d, causal, backward=True)
+                for name, fn in IMPLS.items():
+                    if s > MAX_S.get(name, 1 << 30):
+                        continue
+                    try:
+                        fwd, bwd = time_impl(fn, q, k, v, causal)
+                    except torch.OutOfMemoryError:
+                        torch.cuda.empty_cache()
+                        print(f"[a07] {name} S={s} d={d}: out of memory", flush=True)
+                        continue
+                    row = dict(impl=name, d=d, causal=causal, S=s, BH=bh, fwd_ms=fwd, bwd_ms=bwd,
+                               fwd_tflops=f_fwd / fwd / 1e9, bwd_tflops=f_bwd / bwd / 1e9,
+                               fwdbwd_tflops=(f_fwd + f_bwd) / (fwd + bwd) / 1e9)
+                    rows_out.append(row)
+                    print(f"[a07] {name:12s} d={d:3d} causal={int(causal)} S={s:6d} BH={bh:4d}  "
+                          f"fwd {row['fwd_tflops']:6.1f}  bwd {row['bwd_tflops']:6.1f}  "
+                          f"fwd+bwd {row['fwdbwd_tflops']:6.1f} TFLOP/s", flush=True)
+                del q, k, v
+                torch.cuda.empty_cache()
+
+
+def memory(sizes, d=128, bh=8):
+    """Peak memory above the inputs for forward and forward+backward, in MiB."""
+    out = []
+    for s in sizes:
+        for name in ("triton", "sdpa", "naive"):
+            fn = IMPLS[name]
+            q, k, v = inputs(bh, s, d)
+            do = torch.randn_like(q)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            try:
+                o = fn(q, k, v, True)
+                torch.cuda.synchronize()
+                fwd_peak = torch.cuda.max_memory_allocated() - base
+                g = torch.autograd.grad(o, (q, k, v), do)
+                torch.cuda.synchronize()
+                all_peak = torch.cuda.max_memory_allocated() - base
+                del o, g
+            except torch.OutOfMemoryError:
+                fwd_peak = all_peak = float("nan")
+            out.append(dict(impl=name, S=s, BH=bh, d=d, fwd_MiB=fwd_peak / 2**20, fwdbwd_MiB=all_peak / 2**20))
+            print(f"[a07] memory {name:7s} S={s:6d}: fwd {fwd_peak / 2**20:9.1f} MiB  "
+                  f"fwd+bwd {all_peak / 2**20:9.1f} MiB", flush=True)
+            del q, k, v, do
+            torch.cuda.empty_cache()
+    return out
+
+
+def sweep(s=4096, d_list=(64, 128)):
+    """Time every candidate config of each kernel alone (no autotuner), print a table."""
+    import triton
+    FT = flash_triton
+    fwd_c = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2),
+             (64, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 3), (64, 128, 4, 3)]
+    dkdv_c = [(32, 128, 4, 4), (32, 128, 4, 5), (64, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3),
+              (32, 64, 4, 4), (128, 128, 8, 2)]
+    dq_c = [(128, 32, 4, 4), (128, 32, 4, 5), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+            (64, 32, 4, 4), (128, 128, 8, 2)]
+    FT.TUNE = False
+    rows = []
+    for d in d_list:
+        for causal in (False, True):
+            bh = TOKENS // s
+            q, k, v = inputs(bh, s, d, grad=False)
+            o, lse = FT.attention_forward(q, k, v, causal)
+            do = torch.randn_like(o)
+            f_fwd = attention_flops(bh, s, s, d, causal)
+            f_bwd = attention_flops(bh, s, s, d, causal, backward=True)
+            for kind, cands in (("fwd", fwd_c), ("dkdv", dkdv_c), ("dq", dq_c)):
+                for bm, bn, w, st in cands:
+                    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+                    try:
+                        if kind == "fwd":
+                            FT.FWD_CONFIG = cfg
+                            ms = bench(lambda: FT.attention_forward(q, k, v, causal)).median_ms
+                            tf = f_fwd / ms / 1e9
+                        else:
+                            if kind == "dkdv":
+                                FT.DKDV_CONFIG = cfg
+                            else:
+                                FT.DQ_CONFIG = cfg
+                            ms = bench(lambda: FT.attention_backward(q, k, v, o, lse, do, causal)).median_ms
+                            tf = f_bwd / ms / 1e9
+                    except Exception as e:  # e.g. out of shared memory
+                        print(f"[a07] sweep {kind} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                        continue
+                    rows.append((d, causal, kind, bm, bn, w, st, ms, tf))
+                    print(f"[a07] sweep d={d} causal={int(causal)} {kind:5s} BM={bm:3d} BN={bn:3d} w={w} s={st}: "
+                          f"{ms:7.3f} ms {tf:6.1f} TFLOP/s (whole {'fwd' if kind == 'fwd' else 'bwd'})", flush=True)
+                # keep the best of this kind for the next kind's runs
+                best = max((r for r in rows if r[:3] == (d, causal, kind)), key=lambda r: r[-1])
+                cfg = {"BLOCK_M": best[3], "BLOCK_N": best[4], "num_warps": best[5], "num_stages": best[6]}
+                setattr(FT, {"fwd": "FWD_CONFIG", "dkdv": "DKDV_CONFIG", "dq": "DQ_CONFIG"}[kind], cfg)
+                print(f"[a07] BEST d={d} causal={int(causal)} {kind}: {cfg} {best[-1]:.1f} TFLOP/s", flush=True)
+            for name in ("sdpa",):
+                qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+                fwd, bwd = time_impl(IMPLS[name], qq, kk, vv, causal)
+                print(f"[a07] {name} d={d} causal={int(causal)} S={s}: fwd {f_fwd / fwd / 1e9:.1f} "
+                      f"bwd {f_bwd / bwd / 1e9:.1f} TFLOP/s", flush=True)
+    return rows
+
+
+def write_results(rows, mem, cmd):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "a07_flash_attention.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    if mem:
+        with open(RESULTS / "a07_flash_attention_memory.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(mem[0].keys()))
+            w.writeheader()
+            w.writerows(mem)
+    get = {(r["impl"], r["d"], r["causal"], r["S"]): r for r in rows}
+    lines = [f"# Stage 7: flash attention on {torch.cuda.get_device_name()}", "",
+             f"Command: `{cmd}`", "",
+             f"torch {torch.__version__}, triton {__import__('triton').__version__}. bf16, H={HEADS}, "
+             f"B·H·S = {TOKENS} tokens. TFLOP/s with 4·B·H·S²·d forward (halved when causal), backward 2.5x forward; "
+             "backward timed alone. CUDA-event medians, L2 flushed.", "",
+             "## Floors at S = 4096 (Triton / SDPA)", "",
+             "| d | causal | fwd Triton | fwd SDPA | ratio (floor 0.8) | bwd Triton | bwd SDPA | ratio (floor 0.6) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in sorted({r["d"] for r in rows}):
+        for causal in (False, True):
+            t, s = get.get(("triton", d, causal, 4096)), get.get(("sdpa", d, causal, 4096))
+            if t and s:
+                lines.append(f"| {d} | {causal} | {t['fwd_tflops']:.0f} | {s['fwd_tflops']:.0f} | "
+                             f"{t['fwd_tflops'] / s['fwd_tflops']:.2f} | {t['bwd_tflops']:.0f} | {s['bwd_tflops']:.0f} | "
+                             f"{t['bwd_tflops'] / s['bwd_tflops']:.2f} |")
+    lines += ["", "## All sizes (TFLOP/s: forward / backward / forward+backward)", "",
+              "| impl | d | causal | S | B·H | fwd | bwd | fwd+bwd | fwd ms | bwd ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['impl']} | {r['d']} | {r['causal']} | {r['S']} | {r['BH']} | {r['fwd_tflops']:.1f} | "
+                     f"{r['bwd_tflops']:.1f} | {r['fwdbwd_tflops']:.1f} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} |")
+    if mem:
+        lines += ["", f"## Peak memory above the inputs (causal, d={mem[0]['d']}, B·H={mem[0]['BH']}), MiB", "",
+                  "| impl | S | forward | forward+backward |", "|---|---|---|---|"]
+        for m in mem:
+            lines.append(f"| {m['impl']} | {m['S']} | {m['fwd_MiB']:.1f} | {m['fwdbwd_MiB']:.1f} |")
+    (RESULTS / "a07_flash_attention.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:16]))
+
+
+def plots(rows, mem):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for metric, label in (("fwd_tflops", "forward"), ("fwdbwd_tflops", "forward+backward")):
+        ds = sorted({r["d"] for r in rows})
+        fig, axes = plt.subplots(len(ds), 2, figsize=(11, 4 * len(ds)), squeeze=False)
+        for i, d in enumerate(ds):
+            for j, causal in enumerate((False, True)):
+                ax = axes[i][j]
+                for impl in IMPLS:
+                    pts = sorted((r["S"], r[metric]) for r in rows if r["impl"] == impl and r["d"] == d
+                                 and r["causal"] == causal)
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", label=impl)
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"{label}, d={d}, causal={causal}")
+                ax.set_xlabel("S")
+                ax.set_ylabel("TFLOP/s")
+                ax.grid(alpha=0.3)
+                ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / f"a07_tflops_{'fwd' if metric == 'fwd_tflops' else 'fwdbwd'}.png", dpi=110)
+        plt.close(fig)
+    if mem:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for impl in ("triton", "sdpa", "naive"):
+            pts = sorted((m["S"], m["fwdbwd_MiB"]) for m in mem if m["impl"] == impl)
+            ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("S")
+        ax.set_ylabel("peak MiB above inputs (fwd+bwd)")
+        ax.set_title("memory: linear (flash) vs quadratic (naive)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / "a07_memory.png", dpi=110)
+        plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    if args.sweep:
+        sweep()
+        return
+    sizes = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
+    rows = []
+    run_table(sizes, (64, 128), rows)
+    mem = memory([1024, 2048, 4096, 8192, 16384]) if not args.quick else []
+    cmd = "python -m " + __package__ + ".bench" + (" --quick" if args.quick else "")
+    write_results(rows, mem, cmd)
+    if not args.quick:
+        plots(rows, mem)
+
+
+if __name__ == "__main__":
+    main()

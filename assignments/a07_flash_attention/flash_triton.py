@@ -1,0 +1,233 @@
+"""Stage 7b: FlashAttention-2 in Triton, forward and backward.
+
+Four kernels, each one numbered step of the recipe (same conventions as stage 7a,
+flash_torch.py: scale 1/sqrt(d), bottom-right causal mask, L = row logsumexp saved):
+
+  1. _attn_fwd        one program per (query tile, batch·head). Online softmax in
+                      fp32 in the exp2 domain; key tiles wholly above the causal
+                      diagonal are never visited; tiles on the diagonal (and the
+                      ragged last key tile) are masked, the others run mask-free.
+  2. _attn_bwd_delta  D = rowsum(dO ∘ O), one fp32 per query row.
+  3. _attn_bwd_dkdv   one program per (key tile, batch·head): walks the query tiles
+                      that see its keys, recomputes Pᵀ = exp(K Qᵀ·scale - L) and
+                      accumulates dV = Pᵀ dO and dK = dSᵀ Q in registers.
+  4. _attn_bwd_dq     one program per (query tile, batch·head): walks the key tiles,
+                      recomputes P and accumulates dQ = dS K in registers.
+
+dQ gets its own kernel instead of atomics: a dK/dV program owns its key tile, but
+every one of them contributes to every dQ row, so adding into dQ from there needs
+fp32 atomics (a buffer, a cast pass, and a nondeterministic sum). Kernel 4 pays two
+extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministic
+writes. See the handout (README.md) for the arithmetic.
+
+    python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
+    python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (or assignments.)
+
+On a GPU the block sizes are autotuned (configs below); under the Triton
+interpreter one small configuration is used.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from common import TRITON_INTERPRET
+from common.checks import FLOAT_DTYPES, check_same, check_tensor
+
+HEAD_DIMS = (16, 32, 64, 128)
+LOG2E = 1.4426950408889634
+#: Tests set this to fill outputs with NaN before the kernels run, so an unwritten
+#: element can never pass for a right one.
+POISON_OUTPUTS = False
+
+
+# =============================================================================== kernels
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE,
+              sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, soz, soh, som, sod,
+              H, N_Q, N_K, qk_scale,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """O[zh, tile] and LSE[zh, tile] for one query tile. qk_scale = log2(e)/sqrt(d)."""
+    # TODO(a07): kernel 1 (forward). Program (pid_m, zh): query rows m0 = pid_m·BLOCK_M ..,
+    #   batch z = zh // H, head h = zh % H (offset the pointers with the strides).
+    #   1. Load the q tile (rows >= N_Q masked to 0). m_i = -inf, l_i = 0, acc = 0, all fp32.
+    #   2. Key tiles [0, n_full): no mask. [n_full, hi): the causal diagonal band (query i sees
+    #      keys j <= i + N_K - N_Q) and the ragged last tile, masked to -inf. Tiles past hi: skipped.
+    #      Per tile: s = tl.dot(q, kᵀ)·qk_scale (log2 units); m_new = max(m_i, rowmax s);
+    #      p = exp2(s - m_new); alpha = exp2(m_i - m_new); l_i = l_i·alpha + rowsum p;
+    #      acc = tl.dot(p.to(v.dtype), v, acc·alpha); m_i = m_new.
+    #      (A row with every key masked so far has m_new = -inf: subtract 0 instead, never NaN.)
+    #   3. O = acc / l_i; LSE = (m_i + log2 l_i)·ln 2 (natural log); rows with no key: O = 0, LSE = -inf.
+    pass
+
+
+@triton.jit
+def _attn_bwd_delta(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, N_Q,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """DELTA[zh, m] = sum_d O[zh, m, d] * dO[zh, m, d] in fp32."""
+    # TODO(a07): kernel 2. Program (pid_m, zh): DELTA[zh, rows] = rowsum(O ∘ dO) in fp32.
+    pass
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+                   sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, sdz, sdh, sdm, sdd,
+                   H, N_Q, N_K, sm_scale,
+                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DK, DV (contiguous [Z, H, N_K, HEAD_DIM]) for one key tile; loops over query tiles."""
+    # TODO(a07): kernel 3 (dK, dV). Program (pid_n, zh) owns keys n0 = pid_n·BLOCK_N ..: load k, v once,
+    #   dk = dv = 0 (fp32). Loop over the query tiles that see these keys (causal: from row n0 - shift,
+    #   masking the band up to row n0 + BLOCK_N - 1 - shift). Per query tile (load q, dO, LSE, DELTA):
+    #     pᵀ = exp2(k qᵀ·sm_scale·log2e - LSE·log2e)   (0 where masked; padding rows: LSE = +inf)
+    #     dv += pᵀ dO;  dpᵀ = v dOᵀ;  dsᵀ = pᵀ ∘ (dpᵀ - DELTA);  dk += dsᵀ q
+    #   Store dk·sm_scale and dv (DK, DV are contiguous [Z·H, N_K, HEAD_DIM]).
+    pass
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+                 sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, sdz, sdh, sdm, sdd,
+                 H, N_Q, N_K, sm_scale,
+                 HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DQ (contiguous [Z, H, N_Q, HEAD_DIM]) for one query tile; loops over key tiles."""
+    # TODO(a07): kernel 4 (dQ). Program (pid_m, zh) owns query rows m0 = pid_m·BLOCK_M ..: load q, dO,
+    #   LSE, DELTA once, dq = 0 (fp32). Loop over key tiles as in kernel 1 (unmasked, then the band):
+    #     p = exp2(q kᵀ·sm_scale·log2e - LSE·log2e) (0 where masked); dp = dO vᵀ;
+    #     ds = p ∘ (dp - DELTA); dq += ds k
+    #   Store dq·sm_scale (DQ is contiguous [Z·H, N_Q, HEAD_DIM]).
+    pass
+
+
+# =============================================================================== launch (given)
+def _configs(shapes):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in shapes]
+
+
+#: Fixed configurations (the interpreter, GPU tests) and the autotuned sets (GPU).
+if TRITON_INTERPRET:   # small tiles: the interpreter is slow
+    from common.interpreter_patch import patch_bf16_dot
+    patch_bf16_dot()   # triton 3.6's interpreter computes bf16 tl.dot wrongly without it
+    FWD_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    DKDV_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    DQ_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+else:
+    FWD_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    DKDV_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+    DQ_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+#: Autotune on a GPU (bench.py); False: always the fixed configs above (tests, the interpreter).
+TUNE = not TRITON_INTERPRET
+_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the winners of `bench.py --sweep` on the H100
+# at S = 4096 (lectures/results/a07_sweep.log) and their runners-up.
+FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
+DKDV_TUNE = _configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)])
+DQ_TUNE = _configs([(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4, 4)])
+_tuned = {}
+
+
+def _kernel(fn, configs, fixed: dict):
+    """(kernel, launch kwargs): autotuned when TUNE, else the fixed config."""
+    if not TUNE:
+        return fn, fixed
+    if fn not in _tuned:
+        _tuned[fn] = triton.autotune(configs, key=_KEY)(fn)
+    return _tuned[fn], {}
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What the Triton kernels accept (given code)."""
+    check_tensor(q, "q", dtypes=FLOAT_DTYPES, min_ndim=2)
+    check_tensor(k, "k", dtypes=FLOAT_DTYPES, min_ndim=2)
+    check_tensor(v, "v", dtypes=FLOAT_DTYPES, min_ndim=2)
+    check_same(q, k, "q, k")
+    check_same(q, v, "q, v")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape [..., Nk, d], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q [..., Nq, d] and k [..., Nk, d] must share leading dims and d, "
+                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim d={q.shape[-1]} is not supported; expected one of {HEAD_DIMS}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        raise ValueError(f"empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _as4d(x: torch.Tensor) -> torch.Tensor:
+    """[..., N, d] -> [Z, H, N, d] as a view when possible (strides kept: head-strided is fine)."""
+    if x.dim() == 2:
+        return x[None, None]
+    if x.dim() == 3:
+        return x[None]
+    if x.dim() == 4:
+        return x
+    return x.reshape(-1, *x.shape[-3:])
+
+
+def _new(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    dtype = dtype or like.dtype
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [..., Nq, d] in q's dtype, L [..., Nq] fp32) with kernel 1."""
+    check_inputs(q, k, v)
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    Z, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    o = _new(q.shape, q)
+    lse = _new(q.shape[:-1], q, torch.float32)
+    o4 = _as4d(o)
+    kernel, cfg = _kernel(_attn_fwd, FWD_TUNE, FWD_CONFIG)
+    grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
+    kernel[grid](q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+                 H, nq, nk, LOG2E / math.sqrt(d), HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    return o, lse
+
+
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) with kernels 2, 3 and 4, from the saved O and L."""
+    q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
+    Z, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    delta = _new(q.shape[:-1], q, torch.float32)
+    dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
+    _attn_bwd_delta[(triton.cdiv(nq, 64), Z * H)](o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
+                                                  HEAD_DIM=d, BLOCK_M=64)
+    sm_scale = 1.0 / math.sqrt(d)
+    args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
+    kernel, cfg = _kernel(_attn_bwd_dkdv, DKDV_TUNE, DKDV_CONFIG)
+    kernel[lambda meta: (triton.cdiv(nk, meta["BLOCK_N"]), Z * H)](
+        q4, k4, v4, do4, lse, delta, dk, dv, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    kernel, cfg = _kernel(_attn_bwd_dq, DQ_TUNE, DQ_CONFIG)
+    kernel[lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)](
+        q4, k4, v4, do4, lse, delta, dq, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    return dq, dk, dv
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """``FlashAttentionTriton.apply(q, k, v, is_causal)`` -> O; saves (q, k, v, O, L) for backward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        o, lse = attention_forward(q, k, v, bool(is_causal))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = bool(is_causal)
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.is_causal)
+        return dq, dk, dv, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d)) v with the Triton kernels, differentiable."""
+    return FlashAttentionTriton.apply(q, k, v, is_causal)

@@ -1,0 +1,419 @@
+"""Stage 7b: FlashAttention-2 in Triton, forward and backward.
+
+Four kernels, each one numbered step of the recipe (same conventions as stage 7a,
+flash_torch.py: scale 1/sqrt(d), bottom-right causal mask, L = row logsumexp saved):
+
+  1. _attn_fwd        one program per (query tile, batch·head). Online softmax in
+                      fp32 in the exp2 domain; key tiles wholly above the causal
+                      diagonal are never visited; tiles on the diagonal (and the
+                      ragged last key tile) are masked, the others run mask-free.
+  2. _attn_bwd_delta  D = rowsum(dO ∘ O), one fp32 per query row.
+  3. _attn_bwd_dkdv   one program per (key tile, batch·head): walks the query tiles
+                      that see its keys, recomputes Pᵀ = exp(K Qᵀ·scale - L) and
+                      accumulates dV = Pᵀ dO and dK = dSᵀ Q in registers.
+  4. _attn_bwd_dq     one program per (query tile, batch·head): walks the key tiles,
+                      recomputes P and accumulates dQ = dS K in registers.
+
+dQ gets its own kernel instead of atomics: a dK/dV program owns its key tile, but
+every one of them contributes to every dQ row, so adding into dQ from there needs
+fp32 atomics (a buffer, a cast pass, and a nondeterministic sum). Kernel 4 pays two
+extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministic
+writes. See the handout (README.md) for the arithmetic.
+
+    python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
+    python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (or assignments.)
+
+On a GPU the block sizes are autotuned (configs below); under the Triton
+interpreter one small configuration is used.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from common import TRITON_INTERPRET
+from common.checks import FLOAT_DTYPES, check_same, check_tensor
+
+HEAD_DIMS = (16, 32, 64, 128)
+LOG2E = 1.4426950408889634
+#: Tests set this to fill outputs with NaN before the kernels run, so an unwritten
+#: element can never pass for a right one.
+POISON_OUTPUTS = False
+
+
+# =============================================================================== kernels
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE,
+              sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, soz, soh, som, sod,
+              H, N_Q, N_K, qk_scale,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """O[zh, tile] and LSE[zh, tile] for one query tile. qk_scale = log2(e)/sqrt(d)."""
+    # TODO(a07): kernel 1 (forward) -- the solution's body starts here
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the last query tiles have the most keys: start them first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    zh = tl.program_id(1)
+    z = (zh // H).to(tl.int64)
+    h = (zh % H).to(tl.int64)
+    Q += z * sqz + h * sqh
+    K += z * skz + h * skh
+    V += z * svz + h * svh
+    O += z * soz + h * soh
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_Q
+    q = tl.load(Q + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+    k_ptrs = K + offs_n[:, None] * skn + offs_d[None, :] * skd
+    v_ptrs = V + offs_n[:, None] * svn + offs_d[None, :] * svd
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # running max of s·log2(e)
+    l_i = tl.zeros([BLOCK_M], tl.float32)                  # running sum of 2^(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # Key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or
+    # the ragged last key tile. Causal: query i sees keys j <= i + (N_K - N_Q).
+    shift = N_K - N_Q
+    n_even = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum(N_K, m0 + BLOCK_M + shift)
+        n_full = tl.minimum((tl.maximum(m0 + shift + 1, 0) // BLOCK_N) * BLOCK_N, n_even)
+    else:
+        hi = N_K
+        n_full = n_even
+
+    for start_n in range(0, n_full, BLOCK_N):              # full tiles, no mask
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = tl.load(k_ptrs + start_n * skn)
+        qk = tl.dot(q, tl.trans(k))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptrs + start_n * svn)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+
+    for start_n in range(n_full, hi, BLOCK_N):             # diagonal band / ragged tile, masked
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        k = tl.load(k_ptrs + start_n * skn, mask=col_ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + shift)
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)   # rows that have seen no key yet
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+
+    seen = l_i > 0.0                                        # False only for rows that see no key
+    l_safe = tl.where(seen, l_i, 1.0)
+    acc = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    tl.store(O + offs_m[:, None] * som + offs_d[None, :] * sod, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + zh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
+    # END TODO(a07)
+
+
+@triton.jit
+def _attn_bwd_delta(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, N_Q,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """DELTA[zh, m] = sum_d O[zh, m, d] * dO[zh, m, d] in fp32."""
+    # TODO(a07): kernel 2 (D = rowsum(dO * O))
+    zh = tl.program_id(1)
+    z = (zh // H).to(tl.int64)
+    h = (zh % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m[:, None] < N_Q
+    o = tl.load(O + z * soz + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, mask=row_ok, other=0.0)
+    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd, mask=row_ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + zh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+    # END TODO(a07)
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+                   sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, sdz, sdh, sdm, sdd,
+                   H, N_Q, N_K, sm_scale,
+                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DK, DV (contiguous [Z, H, N_K, HEAD_DIM]) for one key tile; loops over query tiles."""
+    # TODO(a07): kernel 3 (dK and dV)
+    pid_n = tl.program_id(0)
+    zh = tl.program_id(1)
+    z = (zh // H).to(tl.int64)
+    h = (zh % H).to(tl.int64)
+    Q += z * sqz + h * sqh
+    K += z * skz + h * skh
+    V += z * svz + h * svh
+    DO += z * sdz + h * sdh
+    LSE += zh.to(tl.int64) * N_Q
+    DELTA += zh.to(tl.int64) * N_Q
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < N_K
+    k = tl.load(K + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    # Query range: rows before n0 - shift see none of these keys; from row
+    # n0 + BLOCK_N - 1 - shift on every row sees all of them (no mask needed).
+    shift = N_K - N_Q
+    if CAUSAL:
+        lo = (tl.maximum(n0 - shift, 0) // BLOCK_M) * BLOCK_M
+        mid = tl.maximum(((n0 + BLOCK_N - 1 - shift + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo)
+        mid = tl.minimum(mid, N_Q)
+    else:
+        lo = 0
+        mid = 0
+
+    for start_m in range(lo, mid, BLOCK_M):                    # diagonal band, masked
+        rows = start_m + offs_m
+        row_ok = rows < N_Q
+        q = tl.load(Q + rows[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        do = tl.load(DO + rows[:, None] * sdm + offs_d[None, :] * sdd, mask=row_ok[:, None], other=0.0)
+        lse2 = tl.load(LSE + rows, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
+        qkT = tl.dot(k, tl.trans(q))                                   # [BLOCK_N, BLOCK_M]
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        pT = tl.where(offs_n[:, None] <= rows[None, :] + shift, pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk)
+
+    for start_m in range(mid, N_Q, BLOCK_M):                   # every row sees every key here
+        rows = start_m + offs_m
+        row_ok = rows < N_Q                                        # (padding rows: q = dO = 0, L = inf)
+        q = tl.load(Q + rows[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        do = tl.load(DO + rows[:, None] * sdm + offs_d[None, :] * sdd, mask=row_ok[:, None], other=0.0)
+        lse2 = tl.load(LSE + rows, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
+        qkT = tl.dot(k, tl.trans(q))
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk)
+
+    dk = dk * sm_scale
+    out = zh.to(tl.int64) * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    # END TODO(a07)
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+                 sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, sdz, sdh, sdm, sdd,
+                 H, N_Q, N_K, sm_scale,
+                 HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DQ (contiguous [Z, H, N_Q, HEAD_DIM]) for one query tile; loops over key tiles."""
+    # TODO(a07): kernel 4 (dQ)
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    zh = tl.program_id(1)
+    z = (zh // H).to(tl.int64)
+    h = (zh % H).to(tl.int64)
+    Q += z * sqz + h * sqh
+    K += z * skz + h * skh
+    V += z * svz + h * svh
+    DO += z * sdz + h * sdh
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_Q
+    q = tl.load(Q + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + offs_m[:, None] * sdm + offs_d[None, :] * sdd, mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE + zh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(DELTA + zh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
+    k_ptrs = K + offs_n[:, None] * skn + offs_d[None, :] * skd
+    v_ptrs = V + offs_n[:, None] * svn + offs_d[None, :] * svd
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    shift = N_K - N_Q
+    n_even = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum(N_K, m0 + BLOCK_M + shift)
+        n_full = tl.minimum((tl.maximum(m0 + shift + 1, 0) // BLOCK_N) * BLOCK_N, n_even)
+    else:
+        hi = N_K
+        n_full = n_even
+
+    for start_n in range(0, n_full, BLOCK_N):                 # full tiles, no mask
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = tl.load(k_ptrs + start_n * skn)
+        v = tl.load(v_ptrs + start_n * svn)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+
+    for start_n in range(n_full, hi, BLOCK_N):                # diagonal band / ragged tile
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        k = tl.load(k_ptrs + start_n * skn, mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None], other=0.0)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + shift)
+        p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+
+    dq = dq * sm_scale
+    out = zh.to(tl.int64) * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DQ + out, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    # END TODO(a07)
+
+
+# =============================================================================== launch (given)
+def _configs(shapes):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in shapes]
+
+
+#: Fixed configurations (the interpreter, GPU tests) and the autotuned sets (GPU).
+if TRITON_INTERPRET:   # small tiles: the interpreter is slow
+    from common.interpreter_patch import patch_bf16_dot
+    patch_bf16_dot()   # triton 3.6's interpreter computes bf16 tl.dot wrongly without it
+    FWD_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    DKDV_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    DQ_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+else:
+    FWD_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    DKDV_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+    DQ_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+#: Autotune on a GPU (bench.py); False: always the fixed configs above (tests, the interpreter).
+TUNE = not TRITON_INTERPRET
+_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the winners of `bench.py --sweep` on the H100
+# at S = 4096 (lectures/results/a07_sweep.log) and their runners-up.
+FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
+DKDV_TUNE = _configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)])
+DQ_TUNE = _configs([(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4, 4)])
+_tuned = {}
+
+
+def _kernel(fn, configs, fixed: dict):
+    """(kernel, launch kwargs): autotuned when TUNE, else the fixed config."""
+    if not TUNE:
+        return fn, fixed
+    if fn not in _tuned:
+        _tuned[fn] = triton.autotune(configs, key=_KEY)(fn)
+    return _tuned[fn], {}
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What the Triton kernels accept (given code)."""
+    check_tensor(q, "q", dtypes=FLOAT_DTYPES, min_ndim=2)
+    check_tensor(k, "k", dtypes=FLOAT_DTYPES, min_ndim=2)
+    check_tensor(v, "v", dtypes=FLOAT_DTYPES, min_ndim=2)
+    check_same(q, k, "q, k")
+    check_same(q, v, "q, v")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape [..., Nk, d], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q [..., Nq, d] and k [..., Nk, d] must share leading dims and d, "
+                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim d={q.shape[-1]} is not supported; expected one of {HEAD_DIMS}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        raise ValueError(f"empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _as4d(x: torch.Tensor) -> torch.Tensor:
+    """[..., N, d] -> [Z, H, N, d] as a view when possible (strides kept: head-strided is fine)."""
+    if x.dim() == 2:
+        return x[None, None]
+    if x.dim() == 3:
+        return x[None]
+    if x.dim() == 4:
+        return x
+    return x.reshape(-1, *x.shape[-3:])
+
+
+def _new(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    dtype = dtype or like.dtype
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [..., Nq, d] in q's dtype, L [..., Nq] fp32) with kernel 1."""
+    check_inputs(q, k, v)
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    Z, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    o = _new(q.shape, q)
+    lse = _new(q.shape[:-1], q, torch.float32)
+    o4 = _as4d(o)
+    kernel, cfg = _kernel(_attn_fwd, FWD_TUNE, FWD_CONFIG)
+    grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
+    kernel[grid](q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+                 H, nq, nk, LOG2E / math.sqrt(d), HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    return o, lse
+
+
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) with kernels 2, 3 and 4, from the saved O and L."""
+    q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
+    Z, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    delta = _new(q.shape[:-1], q, torch.float32)
+    dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
+    _attn_bwd_delta[(triton.cdiv(nq, 64), Z * H)](o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
+                                                  HEAD_DIM=d, BLOCK_M=64)
+    sm_scale = 1.0 / math.sqrt(d)
+    args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
+    kernel, cfg = _kernel(_attn_bwd_dkdv, DKDV_TUNE, DKDV_CONFIG)
+    kernel[lambda meta: (triton.cdiv(nk, meta["BLOCK_N"]), Z * H)](
+        q4, k4, v4, do4, lse, delta, dk, dv, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    kernel, cfg = _kernel(_attn_bwd_dq, DQ_TUNE, DQ_CONFIG)
+    kernel[lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)](
+        q4, k4, v4, do4, lse, delta, dq, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    return dq, dk, dv
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """``FlashAttentionTriton.apply(q, k, v, is_causal)`` -> O; saves (q, k, v, O, L) for backward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        o, lse = attention_forward(q, k, v, bool(is_causal))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = bool(is_causal)
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.is_causal)
+        return dq, dk, dv, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d)) v with the Triton kernels, differentiable."""
+    return FlashAttentionTriton.apply(q, k, v, is_causal)

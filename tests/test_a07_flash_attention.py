@@ -1,0 +1,264 @@
+"""Stage 7: flash attention. 7a tiled PyTorch (flash_torch), 7b Triton (flash_triton).
+
+Everything is checked against common.reference.attention / attention_backward
+(float64, materialised matrix) on fresh random inputs: O, the saved L, dQ, dK, dV,
+causal (bottom-right) and not, Nq != Nk, sizes that are no multiple of any block.
+On the CPU the Triton kernels run under the interpreter at small sizes; the
+``gpu`` tests add larger sizes and the memory check on a GPU.
+"""
+import pytest
+import torch
+
+from common import DEVICE, HAS_CUDA
+from common import reference as ref
+from common.impl import load
+from common.testing import assert_close, non_contiguous, randn, rel_error
+
+TORCH_MOD = "a07_flash_attention.flash_torch"
+TRITON_MOD = "a07_flash_attention.flash_triton"
+#: bf16 gradients go through two bf16 roundings (P and dS) before the matmuls, as on
+#: the tensor cores: measured 5e-3..8e-3 relative, so 2e-2 instead of the 1e-2 of one rounding.
+GRAD_REL_TOL = {torch.bfloat16: 2e-2}
+
+
+def check(out, expected, dtype, name, *, grad=False):
+    """assert_close with the dtype's tolerance; fp32 on a GPU is tf32 (Triton's default dot)."""
+    if dtype == torch.float32 and out.device.type == "cuda":
+        tol = 5e-3 if grad else 2e-3   # tf32 operands (10-bit mantissa); measured up to 2.2e-3 on dQ
+        err = rel_error(out, expected)
+        assert err <= tol, f"{name}: relative error {err:.2e} exceeds {tol:.0e} (tf32)"
+        return
+    rel_tol = GRAD_REL_TOL.get(dtype) if grad else None
+    if rel_tol is not None:
+        err = rel_error(out, expected)
+        assert err <= rel_tol, f"{name}: relative error {err:.2e} exceeds {rel_tol:.0e} for {dtype}"
+        atol = 2e-2 * expected.abs().max().item()
+        diff = (out.detach().double().cpu() - expected).abs()
+        assert torch.isfinite(out).all() and (diff <= atol + 4e-2 * expected.abs()).all(), \
+            f"{name}: {int((diff > atol + 4e-2 * expected.abs()).sum())} elements off"
+        return
+    assert_close(out, expected, dtype=dtype, name=name)
+
+
+def check_lse(lse, expected, dtype):
+    assert lse.dtype == torch.float32, f"L: dtype {lse.dtype}, expected float32"
+    assert tuple(lse.shape) == tuple(expected.shape), f"L: shape {tuple(lse.shape)}, expected {tuple(expected.shape)}"
+    if dtype == torch.float32 and lse.device.type == "cuda":
+        assert rel_error(lse, expected) <= 1e-3, "L: too far from the reference (tf32)"
+    else:
+        assert_close(lse, expected, dtype=torch.float32, rel_tol=1e-5, name="L")
+
+
+def qkv(lead, nq, nk, d, dtype, device=None, grad=True):
+    q = randn(*lead, nq, d, dtype=dtype, device=device)
+    k = randn(*lead, nk, d, dtype=dtype, device=device)
+    v = randn(*lead, nk, d, dtype=dtype, device=device)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def saved_lse(o):
+    """The fp32 [..., Nq] tensor among what the autograd function saved."""
+    saved = o.grad_fn.saved_tensors
+    found = [t for t in saved if t.dtype == torch.float32 and tuple(t.shape) == tuple(o.shape[:-1])]
+    assert found, f"no float32 tensor of shape {tuple(o.shape[:-1])} (L) among the saved tensors"
+    return found[-1], saved
+
+
+def run_and_check(apply, q, k, v, causal, dtype, backward=True):
+    o = apply(q, k, v, causal)
+    r_o, r_l = ref.attention(q, k, v, causal)
+    check(o, r_o, dtype, "O")
+    lse, saved = saved_lse(o)
+    check_lse(lse, r_l, dtype)
+    nq, nk = q.shape[-2], k.shape[-2]
+    for t in saved:
+        assert nk == q.shape[-1] or tuple(t.shape[-2:]) != (nq, nk), \
+            f"a saved tensor has the attention matrix's shape {tuple(t.shape)}: save L, not P"
+    if backward:
+        do = randn(*o.shape, dtype=dtype, device=o.device)
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+        for name, g, r in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref.attention_backward(q, k, v, do, causal)):
+            check(g, r, dtype, name, grad=True)
+
+
+# ------------------------------------------------------------------------ 7a: tiled PyTorch
+@pytest.fixture
+def tiled(impl):
+    return impl.load(TORCH_MOD)
+
+
+# (leading dims, Nq, Nk, d): odd sizes, one and several tiles, Nq != Nk both ways
+TORCH_CASES = [((2,), 37, 37, 16), ((2, 3), 130, 130, 32), ((3,), 70, 150, 64), ((1, 2), 150, 61, 32)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", TORCH_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_forward_backward(tiled, case, causal, dtype):
+    lead, nq, nk, d = case
+    if causal and nq > nk:
+        pytest.skip("rows with no key: see test_torch_rows_without_keys")
+    q, k, v = qkv(lead, nq, nk, d, dtype, device="cpu")
+    run_and_check(tiled.FlashAttentionTorch.apply, q, k, v, causal, dtype)
+
+
+def test_torch_functions(tiled):
+    """The two student functions, called directly with odd tile sizes."""
+    q, k, v = qkv((2,), 45, 77, 32, torch.float32, device="cpu", grad=False)
+    o, lse = tiled.flash_forward_torch(q, k, v, True, block_m=16, block_n=32)
+    r_o, r_l = ref.attention(q, k, v, True)
+    check(o, r_o, torch.float32, "O")
+    check_lse(lse, r_l, torch.float32)
+    do = randn(*o.shape, device="cpu")
+    grads = tiled.flash_backward_torch(q, k, v, o, lse, do, True, block_m=32, block_n=16)
+    for name, g, r in zip(("dQ", "dK", "dV"), grads, ref.attention_backward(q, k, v, do, True)):
+        check(g, r, torch.float32, name)
+
+
+def rows_without_keys(apply, dtype, device):
+    """Causal with Nq > Nk: the first Nq - Nk queries see no key (O = 0, L = -inf, dQ = 0)."""
+    nq, nk, d = 53, 21, 32
+    q, k, v = qkv((2,), nq, nk, d, dtype, device=device)
+    o = apply(q, k, v, True)
+    lse, _ = saved_lse(o)
+    e = nq - nk
+    assert torch.isfinite(o).all(), "O has NaN/inf (rows that see no key must be 0)"
+    assert (o[:, :e] == 0).all(), "rows that see no key must output 0"
+    assert (lse[:, :e] == float("-inf")).all(), "rows that see no key must have L = -inf"
+    r_o, r_l = ref.attention(q[:, e:], k, v, True)   # the rows that do see keys, same alignment
+    check(o[:, e:], r_o, dtype, "O (rows with keys)")
+    check_lse(lse[:, e:], r_l, dtype)
+    do = randn(*o.shape, dtype=dtype, device=o.device)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    assert (dq[:, :e] == 0).all(), "dQ of rows that see no key must be 0"
+    r_dq, r_dk, r_dv = ref.attention_backward(q[:, e:], k, v, do[:, e:], True)
+    check(dq[:, e:], r_dq, dtype, "dQ", grad=True)
+    check(dk, r_dk, dtype, "dK", grad=True)
+    check(dv, r_dv, dtype, "dV", grad=True)
+
+
+def test_torch_rows_without_keys(tiled):
+    rows_without_keys(tiled.FlashAttentionTorch.apply, torch.float32, "cpu")
+
+
+# ------------------------------------------------------------------------ 7b: Triton
+@pytest.fixture
+def tri(impl, monkeypatch):
+    mod = impl.load(TRITON_MOD)
+    monkeypatch.setattr(mod, "POISON_OUTPUTS", True)   # unwritten outputs read as NaN
+    monkeypatch.setattr(mod, "TUNE", False)            # one fixed config (no autotuning in tests)
+    return mod
+
+
+# (leading dims, Nq, Nk, d, dtype)
+TRITON_CASES = [
+    ((2,), 37, 37, 16, torch.float32),
+    ((1, 2), 70, 70, 32, torch.float16),
+    ((3,), 37, 70, 64, torch.bfloat16),
+    ((2,), 70, 37, 128, torch.float16),
+    ((2, 1), 64, 64, 64, torch.float32),
+    ((2,), 45, 45, 128, torch.bfloat16),
+]
+GPU_CASES = [((2, 3), 1000, 1000, 64, torch.bfloat16), ((1, 2), 777, 1537, 128, torch.float16),
+             ((2, 2), 1024, 1024, 128, torch.bfloat16), ((4,), 513, 257, 32, torch.float32),
+             ((1, 3), 2048, 2048, 16, torch.float16)]
+
+
+def _id(c):
+    return f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{str(c[4]).split('.')[-1]}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", TRITON_CASES, ids=_id)
+def test_triton_forward_backward(tri, case, causal):
+    lead, nq, nk, d, dtype = case
+    if causal and nq > nk:
+        pytest.skip("rows with no key: see test_triton_rows_without_keys")
+    q, k, v = qkv(lead, nq, nk, d, dtype)
+    run_and_check(tri.FlashAttentionTriton.apply, q, k, v, causal, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", GPU_CASES, ids=_id)
+def test_triton_gpu_sizes(tri, case, causal):
+    lead, nq, nk, d, dtype = case
+    if causal and nq > nk:
+        pytest.skip("rows with no key: see test_triton_rows_without_keys")
+    q, k, v = qkv(lead, nq, nk, d, dtype)
+    run_and_check(tri.FlashAttentionTriton.apply, q, k, v, causal, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_rows_without_keys(tri, dtype):
+    rows_without_keys(tri.FlashAttentionTriton.apply, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("layout", ["head_strided", "last_dim_strided"])
+def test_triton_strided_inputs(tri, layout):
+    """[B, S, H, d] memory seen as [B, H, S, d] (no copy), and a strided last dim."""
+    b, h, nq, nk, d, dtype = 2, 2, 45, 70, 32, torch.float16
+    if layout == "head_strided":
+        mk = lambda n: randn(b, n, h, d, dtype=dtype).transpose(1, 2).requires_grad_()
+        q, k, v = mk(nq), mk(nk), mk(nk)
+    else:
+        q, k, v = (non_contiguous(randn(b, h, n, d, dtype=dtype)).requires_grad_() for n in (nq, nk, nk))
+    assert not q.is_contiguous()
+    for causal in (False, True):
+        run_and_check(tri.FlashAttentionTriton.apply, q, k, v, causal, dtype)
+
+
+def test_triton_upstream_grad_strided(tri):
+    """dO as autograd hands it over can be strided (here: from a transpose)."""
+    q, k, v = qkv((2, 2), 37, 37, 32, torch.float16)
+    o = tri.FlashAttentionTriton.apply(q, k, v, True)
+    do_t = randn(2, 37, 2, 32, dtype=torch.float16)
+    (o * 1).backward(do_t.transpose(1, 2))   # non-contiguous gradient reaches the backward
+    r = ref.attention_backward(q, k, v, do_t.transpose(1, 2), True)
+    for name, g, e in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), r):
+        check(g, e, torch.float16, name, grad=True)
+
+
+@pytest.mark.gpu
+def test_triton_memory_is_linear(tri):
+    """Peak extra memory of forward+backward grows ~linearly in S (naive grows as S²)."""
+    peaks = {}
+    for s in (2048, 8192):
+        q, k, v = qkv((1, 4), s, s, 64, torch.bfloat16)
+        do = torch.randn_like(q)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        o = tri.FlashAttentionTriton.apply(q, k, v, True)
+        torch.autograd.grad(o, (q, k, v), do)
+        torch.cuda.synchronize()
+        peaks[s] = torch.cuda.max_memory_allocated() - base
+        expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+        assert rel_error(o, expected) < 1e-2, "wrong output"
+    ratio = peaks[8192] / peaks[2048]
+    assert ratio < 6, f"peak extra memory grew {ratio:.1f}x for 4x the sequence (linear: ~4x, quadratic: 16x)"
+    assert peaks[8192] < 4 * 8192 * 8192, "peak extra memory is as large as the attention matrix"
+
+
+# ------------------------------------------------------------------------ bad input (given code)
+@pytest.mark.parametrize("module", [TORCH_MOD, TRITON_MOD])
+def test_bad_input(module):
+    mod = load(module, "solutions")
+    apply = (mod.FlashAttentionTorch if module == TORCH_MOD else mod.FlashAttentionTriton).apply
+    dev = "cpu" if module == TORCH_MOD else DEVICE
+    q, k, v = qkv((2,), 16, 16, 32, torch.float16, device=dev, grad=False)
+    with pytest.raises(TypeError, match="dtype"):
+        apply(q.to(torch.int32), k, v, False)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        apply(q, k.float(), v, False)
+    with pytest.raises(ValueError, match="same shape"):
+        apply(q, k, v[:, :8], False)
+    with pytest.raises(ValueError, match="leading dims"):
+        apply(q[:1], k, v, False)
+    with pytest.raises(ValueError, match="leading dims and d"):
+        apply(q[..., :16], k, v, False)
+    if module == TRITON_MOD:
+        with pytest.raises(ValueError, match="head dim"):
+            apply(*(randn(2, 16, 48, dtype=torch.float16) for _ in range(3)), False)
+        with pytest.raises(ValueError, match="expected a tensor on"):
+            apply(*(torch.empty(2, 16, 32, device="meta", dtype=torch.float16) for _ in range(3)), False)
