@@ -90,8 +90,13 @@ def _cuda_include() -> list[str]:
     nvcc = nvcc_path()
     if not nvcc:
         return []
-    inc = Path(nvcc).resolve().parent.parent / "include"
-    return [str(inc)] if inc.exists() else []
+    # nvcc's own folder first; then CUDA_HOME and /usr/local/cuda (nvcc may be a wrapper script).
+    roots = [Path(nvcc).resolve().parent.parent, Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")),
+             Path("/usr/local/cuda")]
+    for root in roots:
+        if (root / "include" / "cuda_runtime_api.h").exists():
+            return [str(root / "include")]
+    return []
 
 
 def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] = ("-DCOURSE_NS=course_check",)) -> None:
