@@ -1,0 +1,81 @@
+"""a05: GPT-2's GELU as one Triton kernel, registered as a torch custom op.
+
+    from solutions.a05_triton_gelu.gelu_triton import gelu
+    y = gelu(x)      # x: fp32/fp16/bf16 on the kernel device (CUDA, or CPU interpreted)
+
+The same contract as a04's CUDA op, written in Triton: each program loads a block of
+BLOCK elements once, computes gelu_new in fp32 registers and stores once. Triton
+turns the contiguous, 16-byte-aligned block accesses into 16-byte vector loads and
+stores by itself; the block size and warp count are autotuned per size. Runs on a GPU,
+and under the Triton interpreter on a CPU (``common`` sets TRITON_INTERPRET=1 there).
+
+The math: 0.5·(1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)), so
+gelu_new(x) = x / (1 + exp(-2u)) with u = √(2/π)(x + 0.044715x³): one ``exp`` (an
+``ex2.approx`` instruction after a multiply) and one division, cheap enough that the
+kernel stays memory-bound. For very negative x, exp(-2u) overflows to inf and
+x / inf = -0, the right limit; there is no cancellation in 1 + tanh(u).
+
+Registered with ``torch.library.custom_op`` plus a fake implementation, so the op is
+one opaque node for ``torch.compile`` (no graph break). Run:
+``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m solutions.a04_cuda_gelu.bench``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from common import TRITON_INTERPRET
+from common.checks import check_tensor
+from common.impl import op_namespace
+
+NS = op_namespace(__name__)
+
+
+def _configs() -> list[triton.Config]:
+    if TRITON_INTERPRET:  # the interpreter runs every config while tuning: keep one
+        return [triton.Config({"BLOCK": 1024}, num_warps=4)]
+    return [triton.Config({"BLOCK": b}, num_warps=w)
+            for b, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8), (8192, 8), (8192, 16))]
+
+
+# ------------------------------------------------------------------------------ YOUR WORK
+@triton.autotune(configs=_configs(), key=["n"])
+@triton.jit
+def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y[i] = gelu_new(x[i]) for i < n; program p handles [p*BLOCK, (p+1)*BLOCK).
+
+    x_ptr, y_ptr: contiguous, same dtype (fp32/fp16/bf16); compute in fp32.
+    """
+    # TODO(a05): offsets of this program's block (program id as int64, so offsets past
+    # 2^31 elements stay right), a mask for the last block, load, compute gelu_new in fp32
+    # (hint: 0.5*(1 + tanh(u)) = 1/(1 + exp(-2u))), store in y's dtype.
+    pass
+
+
+# ------------------------------------------------------------------------------ given code
+@torch.library.custom_op(f"{NS}::triton_gelu", mutates_args=())
+def triton_gelu(x: torch.Tensor) -> torch.Tensor:
+    """The registered op: contiguous copy of a strided x, one kernel launch, new output."""
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = x.numel()
+    if n > 0:
+        gelu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+    return y
+
+
+@triton_gelu.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """gelu_new(x) = 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) in one Triton kernel.
+
+    x: float32/float16/bfloat16 on the kernel device (CUDA; CPU under the interpreter),
+    any shape; computed in fp32. Returns a new contiguous tensor. Raises ValueError
+    (wrong device) / TypeError (other dtypes).
+    """
+    check_tensor(x, "x")
+    return triton_gelu(x)

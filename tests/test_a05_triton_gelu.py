@@ -1,0 +1,149 @@
+"""Stage 5: GPT-2's GELU as one Triton kernel, a torch custom op that composes with torch.compile.
+
+Runs on the GPU, and under the Triton interpreter on a CPU (small sizes there).
+"""
+import pytest
+import torch
+
+from common import DEVICE, HAS_CUDA
+from common import reference as ref
+from common.gpt2 import GPT2, MLP, GPT2Config, randomize_
+from common.impl import load
+from common.profiling import profile, trace_ops
+from common.testing import assert_close, non_contiguous, randn
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp(-2u) -> inf, by design
+
+MOD = "a05_triton_gelu.gelu_triton"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(1,), (7,), (1023,), (1025,), (3, 5, 257), (2, 3, 4, 65)]
+if HAS_CUDA:
+    SHAPES += [(4097,), (2, 1024, 3072), ((1 << 20) + 3,)]
+
+
+@pytest.fixture
+def mod(impl):
+    return impl.load(MOD)
+
+
+def _poison(n: int, dtype: torch.dtype) -> None:
+    """Leave a freed NaN block of this size in the allocator (see test_a04)."""
+    torch.full((max(n, 1),), float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _run(mod, x):
+    _poison(x.numel(), x.dtype)
+    return mod.gelu(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_reference(mod, dtype, shape):
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_offset_and_empty(mod, dtype):
+    base = randn(3, 2 * 301 + 1, dtype=dtype, scale=3.0)
+    for x in (non_contiguous(base), base.t(), base.view(-1)[1:], base.view(-1)[3:500]):
+        y = _run(mod, x)
+        assert y.is_contiguous()
+        assert_close(y, ref.gelu_tanh(x), dtype=dtype)
+    y = _run(mod, torch.empty(0, 5, device=DEVICE, dtype=dtype))
+    assert y.shape == (0, 5) and y.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extreme_values(mod, dtype):
+    big = 6e4 if dtype == torch.float16 else 1e4
+    x = torch.tensor([-big, -100.0, -30.0, -9.0, -1e-3, 0.0, 1e-3, 9.0, 30.0, 100.0, big] * 3).to(DEVICE, dtype)
+    assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype)
+
+
+def test_one_op_per_call(mod):
+    """Through the dispatcher the call is one op, the custom op (no aten math around it)."""
+    x = randn(4, 1000)
+    with trace_ops() as t:
+        y = mod.gelu(x)
+    assert t.ops == [f"{mod.NS}.triton_gelu.default"], t.ops
+    assert_close(y, ref.gelu_tanh(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_compile_fullgraph(mod, dtype):
+    """torch.compile(fullgraph=True) keeps the op as one node and gets the same numbers."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: g.forward)(gm, example_inputs)
+
+    def f(x):
+        return mod.gelu(x * 2.0) + 1.0
+
+    x = randn(3, 1001, dtype=dtype)
+    y = torch.compile(f, fullgraph=True, backend=capture)(x)
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum(f"{mod.NS}.triton_gelu" in t for t in targets) == 1, targets
+    assert_close(y, ref.gelu_tanh(2.0 * x.double()) + 1.0, dtype=dtype)
+
+
+def test_gpt2_mlp_with_triton_gelu(mod):
+    """A tiny GPT-2 whose MLP activation is the Triton op matches the float64 model."""
+    class TritonGELU(torch.nn.Module):
+        def forward(self, x):
+            return mod.gelu(x)
+
+    g = torch.Generator().manual_seed(0)
+    cfg = GPT2Config.tiny()
+    model = randomize_(GPT2(cfg), generator=g)
+    idx = torch.randint(0, cfg.vocab_size, (2, 19), generator=g)
+    with torch.no_grad():
+        expected = model.double()(idx)
+        model.float().to(DEVICE)
+        for m in model.modules():
+            if isinstance(m, MLP):
+                m.act = TritonGELU()
+        out = model(idx.to(DEVICE))
+    assert_close(out, expected, dtype=torch.float32, rel_tol=1e-4, name="logits")
+
+
+def test_rejects_bad_input():
+    """Given code: gelu() checks its input with a clear message."""
+    m = load(MOD)
+    with pytest.raises(TypeError, match="dtype"):
+        m.gelu(torch.ones(4, dtype=torch.float64, device=DEVICE))
+    with pytest.raises(TypeError, match="dtype"):
+        m.gelu(torch.ones(4, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="expected a tensor on"):
+        m.gelu(torch.ones(4, device="meta"))
+    with pytest.raises(TypeError, match="Tensor"):
+        m.gelu([1.0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_kernel_per_call(mod, dtype):
+    x = randn(1 << 20, dtype=dtype)
+    mod.gelu(x)                          # autotune outside the profile
+    rep = profile(lambda: mod.gelu(x))
+    assert rep.n_kernels == 1, f"expected exactly one kernel per call:\n{rep.table()}"
+    assert rep.host_transfers == 0
+    assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_torch_compile_inductor(mod):
+    """The default (inductor) backend around the custom op, on the GPU."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    x = randn(4, 3001, dtype=torch.bfloat16)
+    y = torch.compile(lambda t: mod.gelu(t * 0.5) * 3.0, fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert_close(y, ref.gelu_tanh(0.5 * x.double()) * 3.0, dtype=torch.bfloat16)
