@@ -9,7 +9,9 @@ notebook's folder as the working directory. What a cell prints (stdout, stderr),
 the value of its last expression and every matplotlib figure it draws (as PNG,
 like the inline backend) become nbformat-4 outputs, written with the json module.
 A cell that raises records the traceback as an error output; the remaining cells
-are not run and the exit status is 1. CI executes the notebooks with nbclient
+are not run (with ``--allow-errors``: they are) and the exit status is 1. The
+executed copy is rewritten after every cell, so a notebook stopped by ``--timeout``
+keeps what it had done. CI executes the notebooks with nbclient
 (tests/test_notebooks.py); this tool is only for rendering where Jupyter is absent.
 """
 from __future__ import annotations
@@ -112,7 +114,14 @@ def _run_cell(src: str, ns: dict, outs: _Outputs, count: int, filename: str) -> 
         return False
 
 
-def execute_one(path: Path, out_path: Path) -> bool:
+def _write(nb: dict, out_path: Path) -> None:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    tmp.replace(out_path)
+
+
+def execute_one(path: Path, out_path: Path, allow_errors: bool = False) -> bool:
     """Execute one notebook in this process; write it with outputs to ``out_path``."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     import matplotlib
@@ -135,12 +144,14 @@ def execute_one(path: Path, out_path: Path) -> bool:
     os.chdir(path.parent)
     sys.path.insert(0, str(path.parent))
     ok, count, t0 = True, 0, time.time()
+    for cell in nb["cells"]:            # a copy stopped midway shows which cells never ran
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
         src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if not ok:                       # after an error, like nbclient: leave the rest unrun
-            cell["outputs"], cell["execution_count"] = [], None
+        if not ok and not allow_errors:  # after an error, like nbclient: leave the rest unrun
             continue
         count += 1
         outs = _Outputs()
@@ -148,15 +159,16 @@ def execute_one(path: Path, out_path: Path) -> bool:
         tc = time.time()
         with contextlib.redirect_stdout(_Writer(outs, "stdout")), \
                 contextlib.redirect_stderr(_Writer(outs, "stderr")):
-            ok = _run_cell(src, ns, outs, count, f"<{path.name} cell {i}>")
+            cell_ok = _run_cell(src, ns, outs, count, f"<{path.name} cell {i}>")
+        ok = ok and cell_ok
         cell["outputs"] = outs.finish()
         cell["execution_count"] = count
-        print(f"  cell {i:2d}: {time.time() - tc:6.1f} s{'' if ok else '  ERROR'}", file=sys.stderr, flush=True)
+        _write(nb, out_path)
+        print(f"  cell {i:2d}: {time.time() - tc:6.1f} s{'' if cell_ok else '  ERROR'}", file=sys.stderr, flush=True)
     nb.setdefault("metadata", {})["course_executed"] = {
         "by": "lectures/_tools/execute.py", "seconds": round(time.time() - t0, 1), "ok": ok,
         "python": sys.version.split()[0], "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    _write(nb, out_path)
     return ok
 
 
@@ -165,18 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("notebooks", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="folder for the executed copies")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per notebook")
+    ap.add_argument("--allow-errors", action="store_true", help="run the cells after a failing one too")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: run in this process
     a = ap.parse_args(argv)
     if a.one:
         (nb,) = a.notebooks
-        return 0 if execute_one(nb.resolve(), (a.out / nb.name).resolve()) else 1
+        return 0 if execute_one(nb.resolve(), (a.out / nb.name).resolve(), a.allow_errors) else 1
     failed = []
     for nb in a.notebooks:
         t0 = time.time()
         print(f"[execute] {nb}", file=sys.stderr, flush=True)
         try:
-            rc = subprocess.run([sys.executable, __file__, "--one", str(nb), "--out", str(a.out)],
-                                timeout=a.timeout).returncode
+            rc = subprocess.run([sys.executable, __file__, "--one", str(nb), "--out", str(a.out)]
+                                + (["--allow-errors"] if a.allow_errors else []), timeout=a.timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
         print(f"[execute] {nb.name}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {time.time() - t0:.1f} s",

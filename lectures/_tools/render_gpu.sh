@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Execute the seven lecture notebooks on a GPU machine and write executed copies.
+#
+#   TORCH_EXTENSIONS_DIR=/tmp/ext bash lectures/_tools/render_gpu.sh OUT_DIR
+#
+# Needs only python3 with torch, triton and matplotlib (no Jupyter): the notebooks run
+# through lectures/_tools/execute.py. The CUDA extensions of assignments 4 and 6 are
+# built in the background while the notebooks that do not need them run first. Writes
+# OUT_DIR/NN_name.ipynb (executed) and OUT_DIR/render.log. Copy the notebooks to
+# lectures/rendered/ and commit them.
+set -u
+OUT=${1:?usage: render_gpu.sh OUT_DIR}
+mkdir -p "$OUT"
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+LOG="$OUT/render.log"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton, matplotlib, numpy; print('torch', torch.__version__, '| triton', triton.__version__, '| matplotlib', matplotlib.__version__, '| numpy', numpy.__version__)"
+} > "$LOG" 2>&1
+BUILD_LOG=$(mktemp)
+python3 -c "
+import time; t = time.time()
+import common
+from common.impl import load
+load('a04_cuda_gelu.fused_gelu', 'solutions').build()
+load('a06_matmul.matmul_cuda', 'solutions')._op()
+print(f'[build] a04 and a06 extensions ready in {time.time() - t:.0f} s')
+" > "$BUILD_LOG" 2>&1 &
+python3 lectures/_tools/execute.py --allow-errors --timeout "${NB_TIMEOUT:-200}" --out "$OUT" \
+  lectures/01_*.ipynb lectures/02_*.ipynb lectures/03_*.ipynb lectures/05_*.ipynb \
+  lectures/07_*.ipynb lectures/04_*.ipynb lectures/06_*.ipynb >> "$LOG" 2>&1
+rc=$?
+wait
+cat "$BUILD_LOG" >> "$LOG"; rm -f "$BUILD_LOG" "$OUT"/*.tmp
+grep -E "^\[execute\]|\[build\]|ERROR" "$LOG"
+exit $rc
