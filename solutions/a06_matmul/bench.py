@@ -1,0 +1,391 @@
+"""Benchmark assignment 6 against cuBLAS (torch.matmul) in the same run.
+
+    python -m solutions.a06_matmul.bench            # full run on a GPU (~4 minutes)
+    python -m solutions.a06_matmul.bench --quick    # fewer sizes
+    python -m assignments.a06_matmul.bench --out /tmp/mine
+
+Writes ``a06_matmul.md`` (tables, floors, the command), ``a06_matmul.csv`` and two plots
+(``a06_matmul_tflops.png``: TFLOP/s against size per version; ``a06_matmul_quantization.png``:
+the tile/wave-quantization sweep) to ``--out`` (default lectures/results/ for solutions/,
+lectures/results/<impl>/ otherwise).
+
+Timing: common.timing.bench (CUDA events through triton.testing.do_bench, median, L2
+flushed before every run), after a warm-up call; each kernel's output is checked against
+cuBLAS before it is timed. cuBLAS fp32 runs with TF32 off (the fp32 floor) and, in a
+separate column, with TF32 on. A CUDA version that crashes a probe process is skipped
+(and reported), so one broken kernel cannot take the whole run down.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from common.impl import REPO
+
+PKG = (__spec__.name if __spec__ else __name__).rsplit(".", 1)[0]  # e.g. "solutions.a06_matmul"
+IMPL = PKG.split(".")[0]
+SQUARE = [512, 1024, 2048, 3072, 4096, 6144, 8192]
+SQUARE_QUICK = [512, 1024, 2048, 4096]
+GPT2 = {  # GPT-2 small, batch 8 x 1024 tokens: (M, K, N)
+    "qkv 8192x768->2304": (8192, 768, 2304),
+    "attn-proj 8192x768->768": (8192, 768, 768),
+    "mlp-up 8192x768->3072": (8192, 768, 3072),
+    "mlp-down 8192x3072->768": (8192, 3072, 768),
+    "lm-head 8192x768->50257": (8192, 768, 50257),
+}
+CSV_COLS = ["section", "shape", "M", "N", "K", "dtype", "impl", "ms", "tflops", "rel_err", "tiles", "device", "sms"]
+MAX_SIZE = {1: 2048, 2: 4096}  # the slowest versions stop early (seconds per call above)
+SM_TILE = 128  # v5 and Triton's sweep config both use 128x128 tiles
+
+
+def tflops(m: int, n: int, k: int, ms: float) -> float:
+    return 2.0 * m * n * k / ms / 1e9
+
+
+def _timed(fn):
+    from common.timing import bench
+    fn()  # warm-up: compile / autotune / build outside the timing
+    torch.cuda.synchronize()
+    return bench(fn).median_ms
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.float(), ref.float()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# ------------------------------------------------------------------ probe CUDA versions
+PROBE = """
+import sys, torch, common
+from common.impl import load
+mod = load("{stage}.matmul_cuda", "{impl}")
+for v in {versions}:
+    print("probe", v, flush=True)
+    dt = torch.float32 if v <= 4 else torch.bfloat16
+    for m, n, k in ((129, 257, 67), (1000, 1544, 1032), (1024, 1024, 1024)):
+        a = torch.randn(m, k, device="cuda").to(dt); b = torch.randn(k, n, device="cuda").to(dt)
+        c = mod.matmul(a, b, v); torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, (v, m, n, k, err)
+    print("ok", v, flush=True)
+"""
+
+
+def probe_cuda(versions: list[int]) -> tuple[list[int], dict[int, str]]:
+    """Run each version on small problems in child processes; return (good, {bad: why})."""
+    good, bad, todo = [], {}, list(versions)
+    while todo:
+        code = PROBE.format(stage=PKG.split(".")[1], impl=IMPL, versions=todo)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+        oks = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("ok ")]
+        good += oks
+        rest = [v for v in todo if v not in oks]
+        if not rest:
+            break
+        if r.returncode == 0:  # should not happen
+            bad.update({v: "no result" for v in rest})
+            break
+        bad[rest[0]] = (r.stderr.strip().splitlines() or ["failed"])[-1][:200]
+        print(f"[bench] CUDA v{rest[0]} failed its probe: {bad[rest[0]]}", file=sys.stderr)
+        todo = rest[1:]
+    return good, bad
+
+
+# ------------------------------------------------------------------ measurement
+class Runner:
+    def __init__(self, cuda_versions: list[int], csv_path: Path | None = None):
+        self.csv_path = csv_path
+        self.device = torch.cuda.get_device_name()
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        from common.impl import load
+        self.tri = load(f"{PKG.split('.')[1]}.matmul_triton", IMPL)
+        self.cu = load(f"{PKG.split('.')[1]}.matmul_cuda", IMPL) if cuda_versions else None
+        self.versions = cuda_versions
+        self.rows: list[dict] = []
+
+    def add(self, section, shape_name, m, n, k, dtype, impl, ms, err=float("nan"), **extra):
+        row = dict(section=section, shape=shape_name, M=m, N=n, K=k, dtype=str(dtype).replace("torch.", ""),
+                   impl=impl, ms=ms, tflops=tflops(m, n, k, ms) if ms == ms else float("nan"), rel_err=err,
+                   tiles=extra.get("tiles", ""), device=self.device, sms=self.sms)
+        self.rows.append(row)
+        if self.csv_path is not None:  # append as we go: a run cut short still leaves its numbers
+            new = not self.csv_path.exists()
+            with open(self.csv_path, "a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=CSV_COLS, extrasaction="ignore")
+                if new:
+                    w.writeheader()
+                w.writerow(row)
+        print(f"{section:>9} {shape_name:>26} {row['dtype']:>8} {impl:>22} {ms:9.4f} ms {row['tflops']:8.1f} TFLOP/s"
+              f"  err {err:.1e}", flush=True)
+
+    def gemm_set(self, section: str, name: str, m: int, n: int, k: int, dtype: torch.dtype, versions):
+        a = torch.randn(m, k, device="cuda").to(dtype)
+        b = torch.randn(k, n, device="cuda").to(dtype)
+        if dtype == torch.float32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            ref_tf32 = torch.matmul(a, b)
+            self.add(section, name, m, n, k, dtype, "cuBLAS tf32", _timed(lambda: torch.matmul(a, b)))
+            torch.backends.cuda.matmul.allow_tf32 = False
+        ref = torch.matmul(a, b)
+        self.add(section, name, m, n, k, dtype, "cuBLAS", _timed(lambda: torch.matmul(a, b)))
+        if dtype == torch.float32:
+            c = self.tri.matmul(a, b)  # tf32
+            self.add(section, name, m, n, k, dtype, "Triton tf32", _timed(lambda: self.tri.matmul(a, b)),
+                     _rel(c, ref_tf32))
+        else:
+            c = self.tri.matmul(a, b)
+            self.add(section, name, m, n, k, dtype, "Triton", _timed(lambda: self.tri.matmul(a, b)), _rel(c, ref))
+        for v in versions:
+            if v not in self.versions or max(m, n, k) > MAX_SIZE.get(v, 1 << 30):
+                continue
+            out = torch.empty(m, n, device="cuda", dtype=dtype)
+            c = self.cu.matmul(a, b, v, out=out)
+            self.add(section, name, m, n, k, dtype, f"CUDA v{v}",
+                     _timed(lambda: self.cu.matmul(a, b, v, out=out)), _rel(c, ref))
+        del a, b
+
+    def sweep(self, sizes: list[int]):
+        cfg = self.tri.SWEEP_CONFIG
+        for s in sizes:
+            a = torch.randn(s, s, device="cuda").to(torch.bfloat16)
+            b = torch.randn(s, s, device="cuda").to(torch.bfloat16)
+            ref = torch.matmul(a, b)
+            tiles = math.ceil(s / SM_TILE) ** 2
+            extra = dict(tiles=tiles)
+            self.add("sweep", f"{s}^3", s, s, s, torch.bfloat16, "cuBLAS", _timed(lambda: torch.matmul(a, b)), **extra)
+            c = self.tri.matmul(a, b, config=cfg)
+            self.add("sweep", f"{s}^3", s, s, s, torch.bfloat16, "Triton 128x128 fixed",
+                     _timed(lambda: self.tri.matmul(a, b, config=cfg)), _rel(c, ref), **extra)
+            if 5 in self.versions:
+                c = self.cu.matmul(a, b, 5)
+                self.add("sweep", f"{s}^3", s, s, s, torch.bfloat16, "CUDA v5",
+                         _timed(lambda: self.cu.matmul(a, b, 5)), _rel(c, ref), **extra)
+
+    def fusion(self, shapes: dict[str, tuple[int, int, int]]):
+        import torch.nn.functional as F
+        for name, (m, k, n) in shapes.items():
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            w = (torch.randn(k, n, device="cuda") / math.sqrt(k)).to(torch.bfloat16)
+            bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+            ref = F.gelu(torch.addmm(bias, x, w), approximate="tanh")
+            variants = {
+                "cuBLAS GEMM only": lambda: torch.matmul(x, w),
+                "Triton GEMM only": lambda: self.tri.matmul(x, w),
+                "Triton GEMM+bias+GELU fused": lambda: self.tri.matmul(x, w, bias, "gelu_tanh"),
+                "Triton GEMM+bias, torch GELU": lambda: F.gelu(self.tri.matmul(x, w, bias), approximate="tanh"),
+                "Triton GEMM, torch bias+GELU": lambda: F.gelu(self.tri.matmul(x, w) + bias, approximate="tanh"),
+                "cuBLAS addmm, torch GELU": lambda: F.gelu(torch.addmm(bias, x, w), approximate="tanh"),
+            }
+            for label, fn in variants.items():
+                out = fn()
+                err = _rel(out, ref) if "only" not in label else float("nan")
+                self.add("fusion", name, m, n, k, torch.bfloat16, label, _timed(fn), err)
+            del x, w, bias
+
+
+# ------------------------------------------------------------------ report
+def _table(rows, key_col, impls, fmt="{:.1f}", val="tflops"):
+    keys = list(dict.fromkeys(r[key_col] for r in rows))
+    lines = [f"| {key_col} | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
+    for kv in keys:
+        cells = []
+        for imp in impls:
+            hit = [r for r in rows if r[key_col] == kv and r["impl"] == imp]
+            cells.append(fmt.format(hit[0][val]) if hit else "")
+        lines.append(f"| {kv} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _get(rows, section, shape, dtype, impl):
+    hit = [r for r in rows if r["section"] == section and r["shape"] == shape and r["dtype"] == dtype
+           and r["impl"] == impl]
+    return hit[0]["tflops"] if hit else float("nan")
+
+
+def load_csv(path: Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            for c in ("M", "N", "K", "sms"):
+                r[c] = int(r[c])
+            for c in ("ms", "tflops", "rel_err"):
+                r[c] = float(r[c])
+            r["tiles"] = int(r["tiles"]) if r["tiles"] else ""
+            rows.append(r)
+    return rows
+
+
+def report(rows, out: Path, cmd: str, bad: dict[int, str], autotune_note: str, versions: str = ""):
+    out.mkdir(parents=True, exist_ok=True)
+    dev, sms = rows[0]["device"], int(rows[0]["sms"])
+    md = [f"# Assignment 6: tiled matmul on {dev}", "",
+          f"Made by `{cmd}` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC "
+          f"({versions or f'torch {torch.__version__}'}, {sms} SMs). "
+          "TFLOP/s = 2·M·N·K / median time (CUDA events, L2 flushed before each run). "
+          "cuBLAS is `torch.matmul` measured in the same run; fp32 cuBLAS with TF32 off unless marked tf32.", ""]
+    sq = [r for r in rows if r["section"] == "square"]
+
+    def floor(label, num, den, need):
+        ratio = num / den if den == den and den > 0 else float("nan")
+        ok = "met" if ratio >= need else "**below**"
+        return f"| {label} | {num:.1f} | {den:.1f} | {ratio:.0%} | {need:.0%} | {ok} |"
+
+    md += ["## Floors (4096³)", "", "| kernel | TFLOP/s | cuBLAS TFLOP/s | ratio | floor | |", "|---|---|---|---|---|---|"]
+    s4 = "4096"
+    cub16 = _get(sq, "square", s4, "bfloat16", "cuBLAS")
+    md.append(floor("Triton bf16 vs cuBLAS bf16", _get(sq, "square", s4, "bfloat16", "Triton"), cub16, 0.9))
+    for v in (5, 6):
+        md.append(floor(f"CUDA v{v} (mma.sync) bf16 vs cuBLAS bf16", _get(sq, "square", s4, "bfloat16", f"CUDA v{v}"),
+                        cub16, 0.5))
+    md.append(floor("CUDA v4 fp32 vs cuBLAS fp32 (TF32 off)", _get(sq, "square", s4, "float32", "CUDA v4"),
+                    _get(sq, "square", s4, "float32", "cuBLAS"), 0.7))
+    if bad:
+        md += ["", "Skipped CUDA versions (failed their probe): " + "; ".join(f"v{v}: {w}" for v, w in bad.items())]
+    for dt, imps in (("float32", ["cuBLAS", "cuBLAS tf32", "Triton tf32", "CUDA v1", "CUDA v2", "CUDA v3", "CUDA v4"]),
+                     ("bfloat16", ["cuBLAS", "Triton", "CUDA v5", "CUDA v6"])):
+        rs = [r for r in sq if r["dtype"] == dt]
+        if rs:
+            md += ["", f"## Square sizes, {dt} (TFLOP/s; rows are M = N = K)", "", _table(rs, "shape", imps)]
+    g = [r for r in rows if r["section"] == "gpt2"]
+    for dt, imps in (("float32", ["cuBLAS", "cuBLAS tf32", "Triton tf32", "CUDA v4"]),
+                     ("bfloat16", ["cuBLAS", "Triton", "CUDA v5", "CUDA v6"])):
+        rs = [r for r in g if r["dtype"] == dt]
+        if rs:
+            md += ["", f"## GPT-2 small shapes (B·T = 8192 tokens), {dt}, TFLOP/s", "", _table(rs, "shape", imps)]
+    sw = [r for r in rows if r["section"] == "sweep"]
+    if sw:
+        md += ["", "## Tile and wave quantization (bf16, M = N = K = n)", "",
+               f"128x128 output tiles: tiles = ceil(n/128)². One wave = {sms} tiles when one block fits per SM "
+               f"(Triton's fixed 128x128x64 config, 4 stages, 128 KB of shared memory); v5 fits two blocks per SM "
+               f"({2 * sms} tiles a wave). Going from n to n+1 across a multiple of 128 adds a row and a column "
+               "of almost empty tiles: the work grows by a few percent, the time by a whole row of tiles, and "
+               "when the tile count crosses a multiple of the SM count, by a whole wave.", "",
+               "| n | tiles | tiles/SMs | cuBLAS | Triton 128x128 fixed | CUDA v5 |", "|---|---|---|---|---|---|"]
+        for shape in dict.fromkeys(r["shape"] for r in sw):
+            rr = {r["impl"]: r for r in sw if r["shape"] == shape}
+            any_r = next(iter(rr.values()))
+            md.append(f"| {any_r['M']} | {any_r['tiles']} | {any_r['tiles'] / sms:.2f} | " + " | ".join(
+                f"{rr[i]['tflops']:.0f}" if i in rr else "" for i in ("cuBLAS", "Triton 128x128 fixed", "CUDA v5"))
+                + " |")
+    fu = [r for r in rows if r["section"] == "fusion"]
+    if fu:
+        md += ["", "## Fusion: GPT-2 MLP up-projection, gelu(x @ W + b), bf16", "",
+               "Time in µs (median); the fused kernel does the bias and GELU on the fp32 accumulator before its "
+               "single store; the others write the GEMM result and read it back in elementwise kernels.", "",
+               "| shape | variant | µs | vs fused |", "|---|---|---|---|"]
+        for shape in dict.fromkeys(r["shape"] for r in fu):
+            rr = [r for r in fu if r["shape"] == shape]
+            fused = [r for r in rr if "fused" in r["impl"]][0]["ms"]
+            for r in rr:
+                md.append(f"| {shape} | {r['impl']} | {r['ms'] * 1e3:.1f} | {r['ms'] / fused:.2f}x |")
+    if autotune_note:
+        md += ["", "## Autotuner choices (Triton)", "", "```", autotune_note, "```"]
+    md += ["", "Correctness: every kernel's output was compared with cuBLAS before timing "
+           "(relative error in the CSV's rel_err column)."]
+    (out / "a06_matmul.md").write_text("\n".join(md) + "\n")
+    _plots(rows, out, dev, sms)
+
+
+def _plots(rows, out: Path, dev: str, sms: int):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[bench] matplotlib missing: no plots", file=sys.stderr)
+        return
+    sq = [r for r in rows if r["section"] == "square"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, dt in zip(axes, ("float32", "bfloat16")):
+        rs = [r for r in sq if r["dtype"] == dt]
+        for imp in dict.fromkeys(r["impl"] for r in rs):
+            pts = sorted((r["M"], r["tflops"]) for r in rs if r["impl"] == imp)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=imp,
+                    ls="--" if "cuBLAS" in imp else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("M = N = K")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"{dt} on {dev}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "a06_matmul_tflops.png", dpi=110)
+    plt.close(fig)
+    sw = [r for r in rows if r["section"] == "sweep"]
+    if sw:
+        fig, ax = plt.subplots(figsize=(11, 5))
+        for imp in dict.fromkeys(r["impl"] for r in sw):
+            pts = sorted((r["M"], r["tflops"]) for r in sw if r["impl"] == imp)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=imp)
+        ax.set_xlabel("n (M = N = K), bf16")
+        ax.set_ylabel("TFLOP/s")
+        ax2 = ax.twinx()
+        ns = sorted({r["M"] for r in sw})
+        ax2.step(ns, [math.ceil(n / SM_TILE) ** 2 / sms for n in ns], where="post", color="gray", alpha=0.5,
+                 label=f"128x128 tiles / {sms} SMs")
+        ax2.set_ylabel(f"tiles / {sms} SMs (waves at one block per SM)")
+        for w in range(1, 6):
+            ax2.axhline(w, color="gray", ls=":", lw=0.8)
+        ax.legend(loc="upper left", fontsize=8)
+        ax2.legend(loc="lower right", fontsize=8)
+        ax.set_title("Tile / wave quantization: sizes around multiples of 128")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "a06_matmul_quantization.png", dpi=110)
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, no sweep")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--versions", default="1,2,3,4,5,6", help="CUDA versions to time (comma-separated)")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--report-only", metavar="CMD", default=None,
+                    help="rebuild the .md and plots from --out's CSV (no GPU needed); CMD is the command that made it")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() and not args.report_only:
+        sys.exit("bench.py times kernels on a CUDA GPU; this machine has none")
+    out = args.out or (REPO / "lectures" / "results" / ("" if IMPL == "solutions" else IMPL))
+    cmd = "python -m " + PKG + ".bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    versions = [int(v) for v in args.versions.split(",") if v.strip()]
+    csv_path = out / "a06_matmul.csv"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        report(load_csv(csv_path), out, args.report_only, {}, "")
+        return
+    csv_path.unlink(missing_ok=True)
+    good, bad = probe_cuda(versions) if versions else ([], {})
+    run = Runner(sorted(good), csv_path)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sizes = SQUARE_QUICK if args.quick else SQUARE
+    for s in sizes:
+        run.gemm_set("square", str(s), s, s, s, torch.bfloat16, [5, 6])
+        run.gemm_set("square", str(s), s, s, s, torch.float32, [1, 2, 3, 4])
+    run.fusion({"8192x768->3072": (8192, 768, 3072), "1024x768->3072": (1024, 768, 3072)})
+    if not (args.quick or args.no_sweep):
+        sweep = sorted({n for base in range(1024, 2561, 128) for n in (base, base + 1)} | {1792, 1793})
+        run.sweep(sweep)
+    for name, (m, k, n) in (list(GPT2.items())[:2] if args.quick else GPT2.items()):
+        run.gemm_set("gpt2", name, m, n, k, torch.bfloat16, [5, 6])
+        run.gemm_set("gpt2", name, m, n, k, torch.float32, [4])
+    note = "\n".join(f"{k}: {v}" for k, v in run.tri._matmul_autotuned.cache.items())
+    import triton
+    report(run.rows, out, cmd, bad, note, f"torch {torch.__version__}, triton {triton.__version__}")
+    print(f"[bench] wrote {out}/a06_matmul.md, .csv and plots")
+    print((out / "a06_matmul.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

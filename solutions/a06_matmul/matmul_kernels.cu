@@ -1,0 +1,505 @@
+// Assignment 6: tiled matrix multiplication, C[M,N] = A[M,K] @ B[K,N], all row-major.
+//
+// Six kernels, each a step up from the one before. Versions 1-4 are fp32 on the CUDA
+// cores (FFMA); versions 5 and 6 are fp16/bf16 on the tensor cores with fp32
+// accumulation (one kernel template, two tile shapes). Every version handles any M, N,
+// K (sizes need not divide the tile): loads outside the matrix read zeros, stores
+// outside the matrix are skipped.
+//
+// Build and call (from Python, on a GPU machine):
+//     from solutions.a06_matmul.matmul_cuda import matmul
+//     c = matmul(a, b, version=4)                 # builds once, about a minute
+// Check without a GPU:
+//     python -c "from common.cuda_ext import compile_check; compile_check(['solutions/a06_matmul/matmul_kernels.cu'])"
+// Time every version against cuBLAS:
+//     python -m solutions.a06_matmul.bench
+//
+// The launcher at the bottom (launch_matmul) is plain C++: pointers, sizes, a stream.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace a06 {
+
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// =====================================================================================
+// Version 1: naive, one thread per output element.
+//   Idea: thread (x, y) computes C[row, col] as a K-long dot product from global memory.
+//   Here threadIdx.x walks down a column of C (x -> row), so the 32 threads of a warp
+//   read 32 different rows of A (addresses K floats apart: 32 transactions per load)
+//   and write 32 different rows of C.
+//   Expect: a few hundred GFLOP/s; every operand comes from L2/DRAM, uncoalesced.
+// =====================================================================================
+__global__ void matmul_v1_naive(const float* __restrict__ A, const float* __restrict__ B,
+                                float* __restrict__ C, int M, int N, int K) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    const int col = blockIdx.y * blockDim.y + threadIdx.y;
+    if (row < M && col < N) {
+        float acc = 0.f;
+        for (int k = 0; k < K; ++k) acc += A[(size_t)row * K + k] * B[(size_t)k * N + col];
+        C[(size_t)row * N + col] = acc;
+    }
+}
+
+// =====================================================================================
+// Version 2: coalesced global access.
+//   Idea: the same arithmetic, but threadIdx.x walks along a row of C (x -> col). Now a
+//   warp reads one A element (a broadcast) and 32 consecutive B elements (one 128-byte
+//   transaction), and writes 32 consecutive C elements.
+//   Expect: several times faster than v1 from the memory system alone; still every FMA
+//   needs two loads, so it is bound by L1/L2 bandwidth, far from the FMA rate.
+// =====================================================================================
+__global__ void matmul_v2_coalesced(const float* __restrict__ A, const float* __restrict__ B,
+                                    float* __restrict__ C, int M, int N, int K) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    const int row = blockIdx.y * blockDim.y + threadIdx.y;
+    if (row < M && col < N) {
+        float acc = 0.f;
+        for (int k = 0; k < K; ++k) acc += A[(size_t)row * K + k] * B[(size_t)k * N + col];
+        C[(size_t)row * N + col] = acc;
+    }
+}
+
+// =====================================================================================
+// Version 3: shared-memory tiling (the lecture's "Trick 5").
+//   Idea: a 32x32 block of threads computes a 32x32 tile of C. It walks K in steps of 32:
+//   each thread loads one element of A's tile and one of B's into shared memory, the
+//   block synchronises, and every thread does 32 FMAs from shared memory. Each global
+//   element is now read by the block once instead of 32 times.
+//   Expect: about 2x over v2; now shared-memory loads (2 per FMA) are the limit.
+// =====================================================================================
+constexpr int V3_TILE = 32;
+
+__global__ void matmul_v3_smem(const float* __restrict__ A, const float* __restrict__ B,
+                               float* __restrict__ C, int M, int N, int K) {
+    __shared__ float As[V3_TILE][V3_TILE];
+    __shared__ float Bs[V3_TILE][V3_TILE];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int row = blockIdx.y * V3_TILE + ty;
+    const int col = blockIdx.x * V3_TILE + tx;
+    float acc = 0.f;
+    for (int k0 = 0; k0 < K; k0 += V3_TILE) {
+        // Zero-fill outside the matrices so the inner loop needs no bounds checks.
+        As[ty][tx] = (row < M && k0 + tx < K) ? A[(size_t)row * K + k0 + tx] : 0.f;
+        Bs[ty][tx] = (k0 + ty < K && col < N) ? B[(size_t)(k0 + ty) * N + col] : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < V3_TILE; ++k) acc += As[ty][k] * Bs[k][tx];  // As: broadcast, Bs: 32 banks
+        __syncthreads();  // before the next iteration overwrites the tiles
+    }
+    if (row < M && col < N) C[(size_t)row * N + col] = acc;
+}
+
+// =====================================================================================
+// Version 4: register blocking (2-D thread tiles), vectorised loads, double buffering.
+//   Idea: 256 threads compute a 128x128 tile of C; each thread owns an 8x8 block of C
+//   in registers. Per k step a thread loads 8 values of A and 8 of B from shared memory
+//   (four 16-byte loads) and does 64 FMAs: 16 FMAs per shared load instead of 0.5.
+//   A's tile is stored transposed (As[k][m]) so both operands are read as float4.
+//   Global loads are float4 (when N and K are multiples of 4), and the next K slice is
+//   fetched into registers while the current one is multiplied (two shared buffers, one
+//   __syncthreads per slice).
+//   The 8x8 outputs are two 4x4 blocks 64 apart in each direction, so a warp's float4
+//   reads of Bs are 16 consecutive 16-byte words (no bank conflicts); As rows are padded
+//   by 4 floats so the transposed stores of the two half-warps land in different banks.
+//   Expect: FMA-bound, roughly 60-80% of cuBLAS fp32 (TF32 off) at large sizes.
+// =====================================================================================
+constexpr int V4_BM = 128, V4_BN = 128, V4_BK = 8, V4_THREADS = 256;
+
+template <bool VEC>  // VEC: N % 4 == 0, K % 4 == 0 and 16-byte aligned pointers
+__global__ void __launch_bounds__(V4_THREADS, 2)  // <= 128 registers: two blocks per SM
+matmul_v4_regblock(const float* __restrict__ A, const float* __restrict__ B,
+                   float* __restrict__ C, int M, int N, int K) {
+    constexpr int BM = V4_BM, BN = V4_BN, BK = V4_BK;
+    __shared__ __align__(16) float As[2][BK][BM + 4];  // transposed: As[k][m]
+    __shared__ __align__(16) float Bs[2][BK][BN];
+    const int tid = threadIdx.x;
+    const int tx = tid % 16, ty = tid / 16;  // 16x16 threads, 8x8 outputs each
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+
+    // Global -> register loaders: the 128x8 A slice is 256 float4 (one per thread: row
+    // tid/2, columns (tid%2)*4..+3); the 8x128 B slice likewise (row tid/32, cols (tid%32)*4).
+    const int a_r = tid / 2, a_c = (tid % 2) * 4;
+    const int b_r = tid / 32, b_c = (tid % 32) * 4;
+    float a_ld[4], b_ld[4];
+
+    auto load_global = [&](int k0) {
+        const int gm = m0 + a_r, gk = k0 + a_c;
+        if (VEC) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (gm < M && gk < K) v = *reinterpret_cast<const float4*>(A + (size_t)gm * K + gk);
+            a_ld[0] = v.x; a_ld[1] = v.y; a_ld[2] = v.z; a_ld[3] = v.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a_ld[i] = (gm < M && gk + i < K) ? A[(size_t)gm * K + gk + i] : 0.f;
+        }
+        const int gkb = k0 + b_r, gn = n0 + b_c;
+        if (VEC) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (gkb < K && gn < N) v = *reinterpret_cast<const float4*>(B + (size_t)gkb * N + gn);
+            b_ld[0] = v.x; b_ld[1] = v.y; b_ld[2] = v.z; b_ld[3] = v.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b_ld[i] = (gkb < K && gn + i < N) ? B[(size_t)gkb * N + gn + i] : 0.f;
+        }
+    };
+    auto store_shared = [&](int s) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) As[s][a_c + i][a_r] = a_ld[i];
+        *reinterpret_cast<float4*>(&Bs[s][b_r][b_c]) = make_float4(b_ld[0], b_ld[1], b_ld[2], b_ld[3]);
+    };
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+
+    const int KT = cdiv(K, BK);
+    if (KT > 0) {
+        load_global(0);
+        store_shared(0);
+    }
+    __syncthreads();
+    for (int kt = 0; kt < KT; ++kt) {
+        const int s = kt & 1;
+        if (kt + 1 < KT) load_global((kt + 1) * BK);  // in flight while we compute
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[s][k][64 + ty * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[s][k][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[s][k][64 + tx * 4]);
+            const float ar[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float br[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
+        }
+        // The other buffer was last read in iteration kt-1, before the barrier below it.
+        if (kt + 1 < KT) store_shared(s ^ 1);
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int row = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+        if (row >= M) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int col = n0 + h * 64 + tx * 4;
+            float* dst = C + (size_t)row * N + col;
+            if (VEC && col < N) {
+                *reinterpret_cast<float4*>(dst) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+            } else if (!VEC) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (col + j < N) dst[j] = acc[i][4 * h + j];
+            }
+        }
+    }
+}
+
+// =====================================================================================
+// Versions 5 and 6: tensor cores (mma.sync m16n8k16, fp16/bf16 in, fp32 accumulate).
+//   Idea: a block computes a BMxBN tile of C with 8 warps; each warp owns a WMxWN piece
+//   of it as (WM/16)x(WN/8) mma tiles held in registers. K is walked in slices of 32:
+//   * cp.async copies each slice from global to shared memory without passing through
+//     registers, STAGES slices ahead (a multi-stage pipeline hides the DRAM latency);
+//   * ldmatrix loads mma fragments from shared memory (x4: four 8x8 matrices per
+//     instruction; .trans for B, which is stored k-major);
+//   * shared tiles are XOR-swizzled at 16-byte granularity so the 8 rows an ldmatrix
+//     phase reads sit in 8 different bank groups (no conflicts, no padding);
+//   * tiles are visited in groups of 8 tile-rows (as in Triton's matmul) so blocks
+//     running together share A and B slices in L2.
+//   v5: 128x128 tile, warps 2x4 of 64x32 (64 fp32 accumulators per thread).
+//   v6: 128x256 tile, warps 2x4 of 64x64 (128 accumulators per thread): twice the mma
+//       work per ldmatrix of A, half the B traffic per FLOP, one block per SM.
+//   Expect: hundreds of TFLOP/s; mma.sync cannot reach Hopper's wgmma peak (cuBLAS uses
+//   wgmma + TMA), so a well-fed mma.sync kernel lands around half to two thirds of it.
+// =====================================================================================
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16(x); }
+    static __device__ __forceinline__ __nv_bfloat162 from2(float x, float y) { return __floats2bfloat162_rn(x, y); }
+    using T2 = __nv_bfloat162;
+};
+template <> struct Mma<__half> {
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ __half2 from2(float x, float y) { return __floats2half2_rn(x, y); }
+    using T2 = __half2;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte global->shared copy; copies zeros when pred is false (src-size 0).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+constexpr int TC_BK = 32, TC_STAGES = 4, TC_WARPS_M = 2, TC_WARPS_N = 4, TC_THREADS = 256, TC_GROUP_M = 8;
+
+// Swizzled element offsets of 16-byte chunk c in row r of a shared tile.
+// A tile: BM rows x 32 halves (4 chunks, 64 bytes a row): two rows share a 128-byte line,
+// so XOR the chunk with bits 1..2 of the row.  B tile: 32 rows x BN halves (BN/8 chunks):
+// XOR the chunk with the low 3 bits of the row.
+__device__ __forceinline__ int a_off(int r, int c) { return r * TC_BK + ((c ^ ((r >> 1) & 3)) << 3); }
+template <int BN>
+__device__ __forceinline__ int b_off(int r, int c) { return r * BN + ((c ^ (r & 7)) << 3); }
+
+template <int BM, int BN>
+constexpr int tc_smem_bytes() { return TC_STAGES * (BM * TC_BK + TC_BK * BN) * 2; }
+
+template <typename T, int BM, int BN, bool ALIGNED>  // ALIGNED: N % 8 == 0, K % 8 == 0, 16-byte pointers
+__global__ void __launch_bounds__(TC_THREADS)
+matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
+    constexpr int BK = TC_BK, STAGES = TC_STAGES;
+    constexpr int WM = BM / TC_WARPS_M, WN = BN / TC_WARPS_N;
+    constexpr int MT = WM / 16, NT = WN / 8;
+    constexpr int A_CH = BK / 8, B_CH = BN / 8;  // 16-byte chunks per row
+    static_assert(NT % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+    static_assert((BM * A_CH) % TC_THREADS == 0 && (BK * B_CH) % TC_THREADS == 0, "whole chunks per thread");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* As = reinterpret_cast<T*>(smem_raw);
+    T* Bs = As + STAGES * BM * BK;
+
+    // Grouped tile order: GROUP_M tile-rows are swept column by column.
+    const int grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
+    const int pid = blockIdx.x;
+    const int per_group = TC_GROUP_M * grid_n;
+    const int first_m = (pid / per_group) * TC_GROUP_M;
+    const int group_m = min(grid_m - first_m, TC_GROUP_M);
+    const int pid_m = first_m + (pid % per_group) % group_m;
+    const int pid_n = (pid % per_group) / group_m;
+    const int m0 = pid_m * BM, n0 = pid_n * BN;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm = warp / TC_WARPS_N, wn = warp % TC_WARPS_N;
+
+    auto load_stage = [&](int slot, int kt) {
+        const int k0 = kt * BK;
+        T* as = As + slot * BM * BK;
+        T* bs = Bs + slot * BK * BN;
+#pragma unroll
+        for (int it = 0; it < BM * A_CH / TC_THREADS; ++it) {
+            const int i = tid + it * TC_THREADS;
+            const int r = i / A_CH, c = i % A_CH;
+            const int gm = m0 + r, gk = k0 + c * 8;
+            T* dst = as + a_off(r, c);
+            if (ALIGNED) {
+                const bool p = gm < M && gk < K;
+                cp_async16(dst, p ? A + (size_t)gm * K + gk : A, p);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    dst[e] = (gm < M && gk + e < K) ? A[(size_t)gm * K + gk + e] : Mma<T>::from(0.f);
+            }
+        }
+#pragma unroll
+        for (int it = 0; it < BK * B_CH / TC_THREADS; ++it) {
+            const int i = tid + it * TC_THREADS;
+            const int r = i / B_CH, c = i % B_CH;
+            const int gk = k0 + r, gn = n0 + c * 8;
+            T* dst = bs + b_off<BN>(r, c);
+            if (ALIGNED) {
+                const bool p = gk < K && gn < N;
+                cp_async16(dst, p ? B + (size_t)gk * N + gn : B, p);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    dst[e] = (gk < K && gn + e < N) ? B[(size_t)gk * N + gn + e] : Mma<T>::from(0.f);
+            }
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    const int KT = cdiv(K, BK);
+    // Prologue: STAGES-1 slices in flight (one commit group each, empty groups past K).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();  // slice kt has landed (for this thread)...
+        __syncthreads();              // ...and for every thread; slot (kt-1)%STAGES is free
+        {
+            const int nk = kt + STAGES - 1;
+            if (nk < KT) load_stage(nk % STAGES, nk);
+            cp_async_commit();
+        }
+        const T* as = As + (kt % STAGES) * BM * BK;
+        const T* bs = Bs + (kt % STAGES) * BK * BN;
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            uint32_t af[MT][4], bfr[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15 -> a0..a3
+                const int r = wm * WM + mt * 16 + (lane % 16);
+                ldmatrix_x4(af[mt], as + a_off(r, ks * 2 + lane / 16));
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                // lanes 0-15: k rows 0-15 of n 0-7; lanes 16-31: k rows 0-15 of n 8-15
+                const int r = ks * 16 + (lane % 16);
+                const int c = (wn * WN + np * 16) / 8 + lane / 16;
+                uint32_t t[4];
+                ldmatrix_x4_trans(t, bs + b_off<BN>(r, c));
+                bfr[2 * np][0] = t[0]; bfr[2 * np][1] = t[1];
+                bfr[2 * np + 1][0] = t[2]; bfr[2 * np + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[mt][nt], af[mt], bfr[nt]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: accumulator (mt, nt) holds rows lane/4 and lane/4+8, columns 2*(lane%4)+{0,1}.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int col = n0 + wn * WN + nt * 8 + (lane % 4) * 2;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm * WM + mt * 16 + lane / 4 + h * 8;
+                if (row >= M) continue;
+                T* dst = C + (size_t)row * N + col;
+                const float x = acc[mt][nt][2 * h], y = acc[mt][nt][2 * h + 1];
+                if (ALIGNED) {
+                    if (col < N) *reinterpret_cast<typename Mma<T>::T2*>(dst) = Mma<T>::from2(x, y);
+                } else {
+                    if (col < N) dst[0] = Mma<T>::from(x);
+                    if (col + 1 < N) dst[1] = Mma<T>::from(y);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, int BM, int BN, bool ALIGNED>
+cudaError_t launch_tc(const T* a, const T* b, T* c, int M, int N, int K, cudaStream_t stream) {
+    constexpr int smem = tc_smem_bytes<BM, BN>();
+    auto kernel = matmul_v5_mma<T, BM, BN, ALIGNED>;
+    static bool configured = false;  // raise the dynamic shared-memory limit once
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+        configured = true;
+    }
+    const int blocks = cdiv(M, BM) * cdiv(N, BN);
+    kernel<<<blocks, TC_THREADS, smem, stream>>>(a, b, c, M, N, K);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_tensor_core(const void* a, const void* b, void* c, int M, int N, int K, int version,
+                               bool aligned, cudaStream_t stream) {
+    auto A = static_cast<const T*>(a);
+    auto B = static_cast<const T*>(b);
+    auto C = static_cast<T*>(c);
+    if (version == 5)
+        return aligned ? launch_tc<T, 128, 128, true>(A, B, C, M, N, K, stream)
+                       : launch_tc<T, 128, 128, false>(A, B, C, M, N, K, stream);
+    return aligned ? launch_tc<T, 128, 256, true>(A, B, C, M, N, K, stream)
+                   : launch_tc<T, 128, 256, false>(A, B, C, M, N, K, stream);
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace a06
+
+// dtype: 0 = float32, 1 = float16, 2 = bfloat16. Versions 1-4 take float32, 5-6 take
+// float16/bfloat16. Returns cudaErrorInvalidValue for a bad (version, dtype) pair.
+cudaError_t launch_matmul(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
+                          int version, cudaStream_t stream) {
+    using namespace a06;
+    if (M == 0 || N == 0) return cudaSuccess;
+    const bool ptrs16 = aligned16(a) && aligned16(b) && aligned16(c);
+    if (version >= 1 && version <= 4) {
+        if (dtype != 0) return cudaErrorInvalidValue;
+        auto A = static_cast<const float*>(a);
+        auto B = static_cast<const float*>(b);
+        auto C = static_cast<float*>(c);
+        switch (version) {
+            case 1: {
+                dim3 block(32, 8);
+                dim3 grid(cdiv(M, 32), cdiv(N, 8));
+                matmul_v1_naive<<<grid, block, 0, stream>>>(A, B, C, M, N, K);
+                break;
+            }
+            case 2: {
+                dim3 block(32, 8);
+                dim3 grid(cdiv(N, 32), cdiv(M, 8));
+                matmul_v2_coalesced<<<grid, block, 0, stream>>>(A, B, C, M, N, K);
+                break;
+            }
+            case 3: {
+                dim3 block(V3_TILE, V3_TILE);
+                dim3 grid(cdiv(N, V3_TILE), cdiv(M, V3_TILE));
+                matmul_v3_smem<<<grid, block, 0, stream>>>(A, B, C, M, N, K);
+                break;
+            }
+            default: {
+                dim3 grid(cdiv(N, V4_BN), cdiv(M, V4_BM));
+                if (ptrs16 && N % 4 == 0 && K % 4 == 0)
+                    matmul_v4_regblock<true><<<grid, V4_THREADS, 0, stream>>>(A, B, C, M, N, K);
+                else
+                    matmul_v4_regblock<false><<<grid, V4_THREADS, 0, stream>>>(A, B, C, M, N, K);
+            }
+        }
+        return cudaGetLastError();
+    }
+    if (version == 5 || version == 6) {
+        const bool aligned = ptrs16 && N % 8 == 0 && K % 8 == 0;
+        if (dtype == 1) return launch_tensor_core<__half>(a, b, c, M, N, K, version, aligned, stream);
+        if (dtype == 2) return launch_tensor_core<__nv_bfloat16>(a, b, c, M, N, K, version, aligned, stream);
+        return cudaErrorInvalidValue;
+    }
+    return cudaErrorInvalidValue;
+}

@@ -1,0 +1,203 @@
+"""Assignment 6, Triton: a tiled, autotuned matmul with a fused bias / bias+GELU epilogue.
+
+    from solutions.a06_matmul.matmul_triton import matmul, linear_gelu
+    c = matmul(a, b)                                   # a [..., K] @ b [K, N]
+    h = matmul(x, w_t, bias, activation="gelu_tanh")   # GPT-2 MLP up-projection, one kernel
+    h = linear_gelu(x, weight, bias)                   # the same with nn.Linear's weight [N, K]
+
+One program computes a BLOCK_M x BLOCK_N tile of C:
+  1. grouped ordering: consecutive program ids sweep GROUP_M tile-rows column by column,
+     so the programs running at the same moment share rows of A and columns of B in L2;
+  2. walk K in BLOCK_K slices, ``acc = tl.dot(a, b, acc)`` (tensor cores; fp32 inputs use
+     TF32 unless allow_tf32=False), accumulating in fp32;
+  3. epilogue on the fp32 accumulator while it is still in registers: + bias[n], then
+     GELU-tanh, then one cast and one store. Unfused, the same work is a GEMM that writes C
+     plus an elementwise kernel that reads C and writes it again.
+Block shapes, warps and pipeline stages are autotuned per (M, N, K, dtype, epilogue).
+Under the Triton interpreter (CPU, ``import common``) a single small config is used.
+
+Bench: ``python -m solutions.a06_matmul.bench`` (H100 numbers in lectures/results/a06_matmul.md).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from common import TRITON_INTERPRET
+from common.checks import check_same, check_tensor
+
+ACTIVATIONS = (None, "gelu_tanh")
+#: Fixed config used by the tile-quantization sweep: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
+SWEEP_CONFIG = (128, 128, 64, 8, 4)
+_SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (228 KB per SM)
+
+
+def _configs() -> list[triton.Config]:
+    if TRITON_INTERPRET:  # every config costs seconds when interpreted: one small one
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}, num_warps=4, num_stages=1)]
+    shapes = [  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+        (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4),
+        (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3), (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4), (64, 64, 64, 4, 4),
+    ]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=s)
+            for m, n, k, w, s in shapes]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs whose pipeline does not fit in shared memory (fp32 tiles are twice as big);
+    16-bit inputs keep the BLOCK_K = 64 configs only (fewer compiles while autotuning)."""
+    size = named_args["a_ptr"].element_size()
+    keep = [c for c in configs
+            if c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size <= _SMEM_LIMIT
+            and (size == 4 or c.kwargs["BLOCK_K"] == 64)]  # 16-bit: K slices of 64 (128 bytes a row)
+    return keep or configs[-1:]
+
+
+@triton.jit
+def _tanh(x):
+    # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) in (0, 1]: never overflows.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _gelu_tanh(x):
+    # GPT-2's gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    return 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr,  # bias_ptr is ignored unless HAS_BIAS
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_bias,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """C[M, N] = act(A[M, K] @ B[K, N] + bias[N]) for one BLOCK_M x BLOCK_N tile of C.
+
+    Launched on a 1-D grid of cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs. ACTIVATION is
+    None or "gelu_tanh"; INPUT_PRECISION "tf32" or "ieee" (fp32 inputs only). EVEN_K: K is
+    a multiple of BLOCK_K (no mask needed on K). DOT_FP32: cast a and b to fp32 before
+    tl.dot (set only under the CPU interpreter, whose bf16 tl.dot is wrong in Triton 3.6).
+    """
+    # ---- 1. which tile: grouped ordering for L2 reuse
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # ---- 2. walk K. Rows/columns past M/N wrap around (% M, % N) so loads need no mask
+    # there; those rows and columns of the tile are never stored.
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if DOT_FP32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # ---- 3. epilogue in registers: bias, activation, one cast, one masked store
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    if ACTIVATION == "gelu_tanh":
+        acc = _gelu_tanh(acc)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+_matmul_autotuned = triton.autotune(
+    configs=_configs(),
+    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION"],  # tensor dtypes are added by Triton
+    prune_configs_by={"early_config_prune": _prune},
+)(triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(matmul_kernel))
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
+           *, out: torch.Tensor | None = None, allow_tf32: bool = True,
+           config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``act(a @ b + bias)`` in one Triton kernel.
+
+    a: [..., K] (leading dims are flattened; a 2-D ``a`` may have any strides), b: [K, N]
+    (any strides, e.g. ``weight.t()``), bias: [N] or None, all one dtype (float32, float16,
+    bfloat16) on the kernel device. activation: None or "gelu_tanh". Returns a new
+    contiguous [..., N] tensor of a's dtype, or writes ``out`` (contiguous, that shape and
+    dtype) and returns it. Accumulates in fp32; float32 inputs use TF32 tensor cores
+    unless ``allow_tf32=False``. ``config`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
+    num_stages) bypasses the autotuner (used by the benchmarks).
+    """
+    check_tensor(a, "a", min_ndim=1)
+    check_tensor(b, "b", ndim=2)
+    check_same(a, b, "a, b")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    k, n = b.shape
+    if a.shape[-1] != k:
+        raise ValueError(f"a, b: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if bias is not None:
+        check_tensor(bias, "bias", ndim=1)
+        check_same(a, bias, "a, bias")
+        if bias.shape[0] != n:
+            raise ValueError(f"bias: expected shape ({n},), got {tuple(bias.shape)}")
+    a2 = a if a.dim() == 2 else a.reshape(-1, k)
+    m = a2.shape[0]
+    out_shape = (*a.shape[:-1], n)
+    if out is None:
+        out = torch.empty(out_shape, device=a.device, dtype=a.dtype)
+    else:
+        check_tensor(out, "out", dtypes=(a.dtype,), contiguous=True)
+        check_same(a, out, "a, out")
+        if tuple(out.shape) != out_shape:
+            raise ValueError(f"out: expected shape {out_shape}, got {tuple(out.shape)}")
+    if m == 0 or n == 0:
+        return out
+    c2 = out.view(m, n)
+    args = (a2, b, c2, bias if bias is not None else c2, m, n, k,
+            a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c2.stride(0), c2.stride(1),
+            bias.stride(0) if bias is not None else 0)
+    meta = dict(HAS_BIAS=bias is not None, ACTIVATION=activation,
+                INPUT_PRECISION="tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee",
+                DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16)
+    if config is None:
+        grid = lambda META: (triton.cdiv(m, META["BLOCK_M"]) * triton.cdiv(n, META["BLOCK_N"]),)  # noqa: E731
+        _matmul_autotuned[grid](*args, **meta)
+    else:
+        bm, bn, bk, warps, stages = config
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                            EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
+    return out
+
+
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """GELU-tanh(x @ weight.T + bias) with nn.Linear's weight [N, K]: one kernel, no copy of weight."""
+    check_tensor(weight, "weight", ndim=2)
+    return matmul(x, weight.t(), bias, activation="gelu_tanh")
+
+
+def best_config(key_hint: str = "") -> str:
+    """The autotuner's choices so far, one line per (M, N, K, ...) key (for the bench notes)."""
+    lines = [f"{k}: {c}" for k, c in _matmul_autotuned.cache.items() if key_hint in str(k)]
+    return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""Assignment 6: tiled matmul (CUDA versions 1-6 and an autotuned Triton kernel).
+
+    pytest tests/test_a06_matmul.py                    # your work (assignments/)
+    pytest tests/test_a06_matmul.py --impl solutions
+
+Triton tests run everywhere (interpreted on a CPU, small sizes); CUDA tests need a GPU
+(``gpu``), the compile check needs nvcc (``nvcc``). Every output buffer is filled with
+NaN first, so an element the kernel never writes fails the test.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common import DEVICE, HAS_CUDA, TRITON_INTERPRET
+from common import reference as R
+from common.impl import REPO
+from common.testing import assert_close, non_contiguous, randn, rel_error
+
+STAGE = "a06_matmul"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Odd sizes that divide no block; the second needs several programs and K steps.
+SHAPES = [(17, 33, 40), (70, 45, 100)]
+if HAS_CUDA:
+    SHAPES += [(257, 383, 511), (512, 256, 1024)]
+# Fixed Triton config for the tests (the autotuner would compile every config per shape).
+TEST_CONFIG = (32, 32, 32, 4, 1) if TRITON_INTERPRET else (64, 64, 32, 4, 3)
+
+
+def _poisoned(*shape, dtype, device=DEVICE):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _triton(impl):
+    return impl.load(f"{STAGE}.matmul_triton")
+
+
+def _cuda(impl):
+    return impl.load(f"{STAGE}.matmul_cuda")
+
+
+def _ref(a, b, bias=None, activation=None):
+    y = R.matmul(a, b)
+    if bias is not None:
+        y = R.add_bias(y, bias)
+    return R.gelu_tanh(y) if activation == "gelu_tanh" else y
+
+
+# ----------------------------------------------------------------------------- Triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilogue", [None, "bias", "bias_gelu"])
+def test_triton_matmul(impl, dtype, shape, epilogue):
+    mod = _triton(impl)
+    m, n, k = shape
+    a, b = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype)
+    bias = randn(n, dtype=dtype) if epilogue else None
+    act = "gelu_tanh" if epilogue == "bias_gelu" else None
+    out = _poisoned(m, n, dtype=dtype)
+    got = mod.matmul(a, b, bias, act, out=out, allow_tf32=False, config=TEST_CONFIG)
+    assert got is out, "matmul(..., out=out) must write into out and return it"
+    assert_close(got, _ref(a, b, bias, act), dtype=dtype, name=f"triton {epilogue or 'matmul'}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_triton_autotuned_path(impl, dtype):
+    """The default path goes through the autotuner (one small config when interpreted)."""
+    mod = _triton(impl)
+    m, n, k = (70, 45, 100) if TRITON_INTERPRET else (300, 520, 264)
+    a, b, bias = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype), randn(n, dtype=dtype)
+    got = mod.matmul(a, b, bias, "gelu_tanh", out=_poisoned(m, n, dtype=dtype))
+    ref = _ref(a, b, bias, "gelu_tanh")
+    if dtype == torch.float32:  # TF32 tensor cores on a GPU: ~3e-4 relative, checked loosely
+        assert rel_error(got, ref) <= 2e-3, f"tf32 matmul: relative error {rel_error(got, ref):.2e}"
+    else:
+        assert_close(got, ref, dtype=dtype)
+
+
+def test_triton_batched_and_strided(impl):
+    """a [B, T, K] (batched), a strided 2-D a, b = weight.t() and a strided bias."""
+    mod = _triton(impl)
+    dt = torch.float16
+    x = randn(2, 5, 40, dtype=dt)
+    w = randn(33, 40, dtype=dt)           # nn.Linear weight [N, K]
+    bias = non_contiguous(randn(33, dtype=dt))
+    got = mod.matmul(x, w.t(), bias, out=_poisoned(2, 5, 33, dtype=dt), config=TEST_CONFIG)
+    assert_close(got, R.linear(x, w, bias), dtype=dt, name="batched x @ w.t() + bias")
+    a = non_contiguous(randn(17, 40, dtype=dt))
+    got = mod.matmul(a, w.t(), out=_poisoned(17, 33, dtype=dt), config=TEST_CONFIG)
+    assert_close(got, R.linear(a, w), dtype=dt, name="strided a")
+
+
+def test_linear_gelu_gpt2_shaped(impl):
+    """GPT-2 MLP up-projection in miniature: gelu(x @ W.T + b), W [4C, C]."""
+    mod = _triton(impl)
+    c = 48
+    x, w, b = randn(2, 7, c, dtype=torch.bfloat16), randn(4 * c, c, dtype=torch.bfloat16, scale=0.2), \
+        randn(4 * c, dtype=torch.bfloat16)
+    got = mod.linear_gelu(x, w, b)
+    assert got.shape == (2, 7, 4 * c)
+    assert_close(got, R.gelu_tanh(R.linear(x, w, b)), dtype=torch.bfloat16)
+
+
+def test_triton_fresh_inputs_each_call(impl):
+    """Two calls on different inputs give two different (correct) answers: nothing cached."""
+    mod = _triton(impl)
+    for _ in range(2):
+        a, b = randn(17, 40), randn(40, 33)
+        assert_close(mod.matmul(a, b, allow_tf32=False, config=TEST_CONFIG), R.matmul(a, b), dtype=torch.float32)
+
+
+def test_triton_bad_input(impl):
+    mod = _triton(impl)
+    a, b = randn(17, 40), randn(40, 33)
+    assert_close(mod.matmul(a, b, allow_tf32=False, config=TEST_CONFIG), R.matmul(a, b))  # valid call works
+    with pytest.raises(ValueError, match="inner dimensions"):
+        mod.matmul(a, randn(41, 33))
+    with pytest.raises(TypeError, match="dtype"):
+        mod.matmul(a, b.half())
+    with pytest.raises(TypeError, match="dtype"):
+        mod.matmul(a.to(torch.int32), b.to(torch.int32))
+    with pytest.raises(ValueError, match="activation"):
+        mod.matmul(a, b, activation="relu")
+    with pytest.raises(ValueError, match="bias"):
+        mod.matmul(a, b, randn(32))
+    with pytest.raises(ValueError, match="out"):
+        mod.matmul(a, b, out=_poisoned(17, 34, dtype=torch.float32))
+    wrong = "cpu" if DEVICE == "cuda" else "meta"
+    with pytest.raises(ValueError, match="expected a tensor on"):
+        mod.matmul(a.to(wrong), b.to(wrong))
+
+
+# ----------------------------------------------------------------------------- CUDA
+CUDA_SHAPES = [
+    (1, 1, 1),
+    (17, 33, 40),        # smaller than every tile
+    (129, 257, 67),      # odd: scalar (non-vectorised, non-cp.async) paths
+    (256, 384, 128),     # whole tiles: vectorised / cp.async paths
+    (300, 264, 136),     # multiples of 8, partial tiles
+    (72, 136, 2056),     # long K: many pipeline stages in flight
+]
+
+
+def _cuda_case(mod, version, dtype, shape):
+    m, n, k = shape
+    a = randn(m, k, dtype=dtype, device="cuda")
+    b = randn(k, n, dtype=dtype, device="cuda")
+    out = _poisoned(m, n, dtype=dtype, device="cuda")
+    got = mod.matmul(a, b, version, out=out)
+    torch.cuda.synchronize()
+    assert got is out, "matmul(..., out=out) must write into out and return it"
+    assert_close(got, R.matmul(a, b), dtype=dtype, name=f"v{version} {m}x{n}x{k}")
+    return a, b, got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_cuda_fp32_versions(impl, version, shape):
+    _cuda_case(_cuda(impl), version, torch.float32, shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("version", [5, 6])
+def test_cuda_tensor_core_versions(impl, version, dtype, shape):
+    _cuda_case(_cuda(impl), version, dtype, shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [4, 5, 6])
+def test_cuda_large_and_repeatable(impl, version):
+    """A size with many tiles and waves; the same inputs twice give the same bits (no race)."""
+    mod = _cuda(impl)
+    dt = torch.float32 if version == 4 else torch.bfloat16
+    a, b, first = _cuda_case(mod, version, dt, (1000, 1544, 1032))
+    again = mod.matmul(a, b, version, out=_poisoned(1000, 1544, dtype=dt, device="cuda"))
+    assert torch.equal(first, again), "two runs on the same inputs differ: a race?"
+
+
+@pytest.mark.gpu
+def test_cuda_bad_input(impl):
+    mod = _cuda(impl)
+    a, b = randn(17, 40, device="cuda"), randn(40, 33, device="cuda")
+    assert_close(mod.matmul(a, b, 3, out=_poisoned(17, 33, dtype=torch.float32, device="cuda")), R.matmul(a, b))
+    with pytest.raises(ValueError, match="version"):
+        mod.matmul(a, b, 7)
+    with pytest.raises(TypeError, match="dtype"):
+        mod.matmul(a, b, 5)                      # tensor-core versions take fp16/bf16
+    with pytest.raises(TypeError, match="dtype"):
+        mod.matmul(a.half(), b.half(), 4)        # versions 1-4 take fp32
+    with pytest.raises(ValueError, match="contiguous"):
+        mod.matmul(a, randn(33, 40, device="cuda").t(), 4)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        mod.matmul(a, randn(41, 33, device="cuda"), 4)
+    with pytest.raises(ValueError, match="expected a tensor on 'cuda'"):
+        mod.matmul(a.cpu(), b.cpu(), 4)
+
+
+def test_cuda_wrapper_rejects_cpu_tensors():
+    """The given wrapper checks inputs before building anything (runs without a GPU)."""
+    from common.impl import load
+    mod = load(f"{STAGE}.matmul_cuda", "solutions")
+    with pytest.raises(ValueError, match="expected a tensor on 'cuda'"):
+        mod.matmul(torch.randn(3, 4), torch.randn(4, 5), 4)
+    with pytest.raises(ValueError, match="version"):
+        mod.matmul(torch.randn(3, 4), torch.randn(4, 5), 0)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("tree", ["solutions"])
+def test_cuda_sources_compile(tree):
+    """nvcc (sm_90a) and the host compiler accept the kernels and the binding (no GPU needed)."""
+    from common.cuda_ext import compile_check
+    d = REPO / tree / STAGE
+    compile_check([d / "matmul_kernels.cu"] + ([d / "binding.cpp"] if tree == "solutions" else []))
