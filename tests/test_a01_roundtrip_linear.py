@@ -52,6 +52,9 @@ SNIPPETS = {
     "device_only": lambda x, h: (x * 2 + 1).sum(),
     "host_only": lambda x, h: (h @ h.T).clone(),
     "device_clone": lambda x, h: x.clone().to(x.device),
+    "cast_on_device": lambda x, h: x.to(torch.float16),
+    "cast_on_host": lambda x, h: h.to(torch.float64),
+    "copy_within_host": lambda x, h: torch.empty_like(h).copy_(h),
     "two_each_way": lambda x, h: [x.to("cpu"), h.to(x.device), x.sum().cpu(), (h + 1).to(x.device)],
 }
 

@@ -1,0 +1,496 @@
+"""The grader: one implementation, stage by stage, against PyTorch.
+
+    python -m common.grade                         # grade assignments/ (make grade)
+    python -m common.grade --impl solutions
+    python -m common.grade --impl path/to/submission --results-json out/results.json
+    python -m common.grade --submissions subs/ --out graded/     # many, one process per GPU
+
+Every stage runs in its own subprocess with a time limit, so a submission that
+raises, hangs or crashes fails that stage only. A stage's grade has two parts:
+
+* correctness (10 points): the stage's pytest file (5 points, by the fraction of
+  tests passed) and the grader's own trials (5 points: fresh random inputs with shapes
+  drawn now, references computed beforehand from private copies, forbidden PyTorch
+  ops and kernels checked). Calling the PyTorch op where a kernel was asked for, or
+  patching torch or the harness, zeroes the stage.
+* performance (5 points, GPU only): speed against the PyTorch baseline, full points at
+  the stage's target ratio; also reported: time, speedup, roofline fraction (from the
+  stage's bytes and FLOPs and ceilings measured on this GPU), kernels and host
+  transfers per call. On a machine without a GPU the report says "needs a GPU": no
+  numbers are made up, and the maximum score counts correctness only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MARK = "@@GRADE-RESULT@@"
+CORRECT_POINTS, PERF_POINTS = 10.0, 5.0
+
+
+@dataclass
+class StageResult:
+    stage: str
+    title: str
+    tests_passed: int = 0
+    tests_failed: int = 0
+    tests_skipped: int = 0
+    trials_passed: int = 0
+    trials_total: int = 0
+    worst_error: float | None = None
+    tolerance: float | None = None
+    violations: list[str] = field(default_factory=list)
+    correctness: str = "fail"          # pass | fail | needs a GPU
+    message: str = ""
+    ms: float | None = None
+    baseline_ms: float | None = None
+    baseline: str = ""
+    perf_label: str = ""
+    speedup: float | None = None
+    bound: str | None = None
+    roofline_fraction: float | None = None
+    kernels_per_call: int | None = None
+    host_transfers_per_call: int | None = None
+    perf_note: str = ""
+    score: float = 0.0
+    max_score: float = CORRECT_POINTS
+    seconds: float = 0.0
+
+
+# =============================================================================== worker
+def _worker(impl: str, stage_key: str) -> dict:
+    """Runs in a subprocess: the grader's trials and (GPU) the performance case of one stage."""
+    import torch
+
+    from common import HAS_CUDA, guard
+    from common.impl import load as load_impl
+    from common.profiling import profile, trace_ops
+    from common.stages import NeedsGPU, by_key, tensors
+    from common.testing import rel_error
+
+    stage = by_key(stage_key)
+    res = {"violations": [], "trials_passed": 0, "trials_total": 0, "worst_error": None, "tolerance": None}
+    before = guard.snapshot()
+
+    def load(module):
+        return load_impl(module, impl)
+
+    rng = random.SystemRandom()
+    try:
+        trials = stage.trials(load, rng)
+    except NeedsGPU as e:
+        res["correctness"] = "needs a GPU"
+        res["message"] = str(e)
+        return res
+    except Exception as e:  # noqa: BLE001 - a broken submission fails its stage with the message
+        res["correctness"] = "fail"
+        res["message"] = f"setting up trials failed: {type(e).__name__}: {e}"
+        return res
+    patched = guard.changed(before)
+    if patched:
+        res["violations"].append(f"the submission patched {', '.join(patched)} at import")
+    res["trials_total"] = len(trials)
+    worst_ratio, msgs = -1.0, []
+    for tr in trials:
+        try:
+            with trace_ops() as t:
+                out = tr.call()
+            bad_ops = sorted({o for o in t.ops if tr.forbidden_ops and o.startswith(tr.forbidden_ops)})
+            if bad_ops:
+                res["violations"].append(f"{tr.name}: called PyTorch ops {bad_ops} where the stage's kernel was asked for")
+                continue
+            outs, refs = tensors(out), tensors(tr.ref)
+            if len(outs) != len(refs):
+                msgs.append(f"{tr.name}: returned {len(outs)} tensors, expected {len(refs)}")
+                continue
+            if tr.exact:
+                ok = all(o.tolist() == r.tolist() for o, r in zip(outs, refs))
+                err = 0.0 if ok else float("inf")
+                if not ok:
+                    msgs.append(f"{tr.name}: got {[o.tolist() for o in outs]}, expected {[r.tolist() for r in refs]}")
+            else:
+                err = max(rel_error(o, r) for o, r in zip(outs, refs))
+                ok = err <= tr.tol
+                if not ok:
+                    msgs.append(f"{tr.name}: relative error {err:.3e} > tolerance {tr.tol:.1e}")
+            ratio = err / tr.tol if tr.tol else (0.0 if ok else float("inf"))
+            if ratio > worst_ratio:
+                worst_ratio, res["worst_error"], res["tolerance"] = ratio, err, tr.tol
+            if ok and HAS_CUDA and tr.forbidden_kernels:
+                kernels = profile(tr.call, calls=1, warmup=1).kernels
+                bad = [k for k in kernels if any(p.lower() in k.lower() for p in tr.forbidden_kernels)]
+                if bad:
+                    res["violations"].append(f"{tr.name}: PyTorch/vendor kernels ran instead of the stage's: {bad[:3]}")
+                    continue
+            res["trials_passed"] += int(ok)
+        except NeedsGPU as e:
+            msgs.append(f"{tr.name}: needs a GPU ({e})")
+        except Exception as e:  # noqa: BLE001
+            msgs.append(f"{tr.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    patched = guard.changed(before)
+    if patched:
+        res["violations"].append(f"the submission patched {', '.join(patched)}")
+    res["correctness"] = "pass" if res["trials_passed"] == res["trials_total"] and not res["violations"] else "fail"
+    res["message"] = "; ".join(msgs[:3])
+    if res["worst_error"] is not None and res["worst_error"] == float("inf"):
+        res["worst_error"] = None
+    # ------------------------------------------------------------------ performance (GPU)
+    if stage.perf is None:
+        res["perf_note"] = "not timed (no performance case)"
+        return res
+    if not HAS_CUDA:
+        res["perf_note"] = "needs a GPU"
+        return res
+    if res["correctness"] != "pass":
+        res["perf_note"] = "not timed: correctness failed"
+        return res
+    try:
+        from common.roofline import Point
+        from common.timing import bench
+        p = stage.perf(load)
+        err = rel_error(p.submission(), p.baseline())
+        if err > 2e-2:
+            res["correctness"] = "fail"
+            res["message"] = f"{p.label}: differs from {p.baseline_name} by relative error {err:.2e} at the timed size"
+            return res
+        ms, base = bench(p.submission).median_ms, bench(p.baseline).median_ms
+        rep = profile(p.submission, calls=3)
+        ceil = _ceilings()
+        from common.roofline import Ceilings
+        point = Point(p.label, p.flops, p.bytes, ms)
+        c = Ceilings(**ceil)
+        res.update(ms=ms, baseline_ms=base, baseline=p.baseline_name, perf_label=p.label, speedup=base / ms,
+                   bound=point.bound(c), roofline_fraction=point.fraction(c), kernels_per_call=rep.n_kernels,
+                   host_transfers_per_call=rep.host_transfers, flops=p.flops, bytes=p.bytes, ceilings=ceil,
+                   perf_target=stage.perf_target)
+    except Exception as e:  # noqa: BLE001
+        res["perf_note"] = f"timing failed: {type(e).__name__}: {e}"
+    return res
+
+
+def _ceilings() -> dict:
+    """Measured copy bandwidth and bf16 matmul rate of this GPU, cached per device name."""
+    import torch
+
+    from common.cuda_ext import cache_dir
+    from common.roofline import measure_ceilings
+    name = torch.cuda.get_device_name()
+    path = cache_dir() / "ceilings.json"
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if name not in cache:
+        c = measure_ceilings()
+        cache[name] = {"gbps": c.gbps, "tflops": c.tflops, "source": c.source}
+        path.write_text(json.dumps(cache, indent=1))
+    return cache[name]
+
+
+# =============================================================================== parent
+def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, str]:
+    test = REPO / "tests" / f"test_{folder}.py"
+    if not test.exists():
+        return 0, 0, 0, f"no test file {test.name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", str(test), "--impl", str(impl), "-q", "-p", "no:cacheprovider",
+               "-m", "graded", f"--junitxml={xml}", "-x" if False else "--maxfail=1000"]
+        try:
+            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return 0, 1, 0, f"tests timed out after {timeout:.0f} s"
+        if not xml.exists():
+            return 0, 1, 0, f"tests crashed: {(r.stdout + r.stderr)[-300:]}"
+        p = f = s = 0
+        first = ""
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            kinds = {c.tag: c for c in case}
+            if "failure" in kinds or "error" in kinds:
+                f += 1
+                if not first:
+                    node = kinds.get("failure", kinds.get("error"))
+                    first = f"{case.get('name')}: {(node.get('message') or '').splitlines()[0][:200]}"
+            elif "skipped" in kinds:
+                s += 1
+            else:
+                p += 1
+        return p, f, s, first
+
+
+def _run_worker(impl: Path, key: str, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "common.grade", "--worker", key, "--impl", str(impl)]
+    try:
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"correctness": "fail", "message": f"timed out after {timeout:.0f} s", "violations": []}
+    for line in r.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+    return {"correctness": "fail", "violations": [],
+            "message": f"crashed (exit {r.returncode}): {' | '.join(tail)[-400:]}"}
+
+
+def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> StageResult:
+    from common import HAS_CUDA
+    t0 = time.time()
+    res = StageResult(stage.folder, stage.title)
+    if run_tests:
+        res.tests_passed, res.tests_failed, res.tests_skipped, first = _run_tests(impl, stage.folder, timeout)
+    else:
+        first = ""
+    w = _run_worker(impl, stage.key, timeout)
+    for k, v in w.items():
+        if hasattr(res, k):
+            setattr(res, k, v)
+    if first and res.tests_failed:
+        res.message = "; ".join(x for x in (res.message, f"first failing test: {first}") if x)
+    # ---- score
+    ran = res.tests_passed + res.tests_failed
+    tests_frac = res.tests_passed / ran if ran else (1.0 if not run_tests else 0.0)
+    trials_ok = res.correctness == "pass"
+    if res.correctness == "needs a GPU":
+        correct = CORRECT_POINTS * tests_frac if ran else 0.0
+    else:
+        correct = CORRECT_POINTS / 2 * tests_frac + (CORRECT_POINTS / 2 if trials_ok else 0.0)
+    if res.violations:
+        correct = 0.0
+        res.correctness = "fail"
+    perf = 0.0
+    if HAS_CUDA and stage.perf is not None:
+        res.max_score = CORRECT_POINTS + PERF_POINTS
+        if res.speedup is not None and correct == CORRECT_POINTS:
+            perf = PERF_POINTS * min(1.0, res.speedup / stage.perf_target)
+    res.score = round(correct + perf, 2)
+    res.seconds = round(time.time() - t0, 1)
+    return res
+
+
+def _bar(i: int, n: int, label: str) -> None:
+    width = 28
+    done = int(width * i / n)
+    line = f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {label}"
+    if sys.stderr.isatty():
+        print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _fmt(v, spec, none="-"):
+    return none if v is None else format(v, spec)
+
+
+def table(results: list[StageResult], impl: str, gpu: str) -> str:
+    head = ["stage", "correct", "tests p/f/s", "trials", "worst err (tol)", "ms", "baseline ms", "speedup",
+            "roofline", "kernels", "H<->D", "score"]
+    rows = []
+    for r in results:
+        err = "-" if r.worst_error is None else f"{r.worst_error:.1e} ({r.tolerance:.0e})"
+        if r.ms is None:
+            perf = [r.perf_note or "-", "", "", "", "", ""]
+        else:
+            perf = [f"{r.ms:.3f}", f"{r.baseline_ms:.3f}", f"{r.speedup:.2f}x",
+                    f"{100 * r.roofline_fraction:.0f}% {r.bound[:3]}", str(r.kernels_per_call),
+                    str(r.host_transfers_per_call)]
+        rows.append([r.stage, r.correctness, f"{r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
+                     f"{r.trials_passed}/{r.trials_total}", err, *perf, f"{r.score:g}/{r.max_score:g}"])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    out = [f"impl: {impl}    GPU: {gpu}", "  ".join(h.ljust(w) for h, w in zip(head, widths)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    total = sum(r.score for r in results)
+    out.append(f"total {total:g} / {sum(r.max_score for r in results):g}")
+    notes = [f"  {r.stage}: {'; '.join(r.violations + ([r.message] if r.message else []))}"
+             for r in results if r.violations or r.message]
+    if notes:
+        out += ["", "notes:", *notes]
+    return "\n".join(out)
+
+
+def gradescope(results: list[StageResult], seconds: float) -> dict:
+    """Gradescope autograder results.json (https://gradescope-autograders.readthedocs.io)."""
+    tests = []
+    for r in results:
+        lines = [f"correctness: {r.correctness}", f"tests passed/failed/skipped: {r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
+                 f"trials passed: {r.trials_passed}/{r.trials_total}"]
+        if r.worst_error is not None:
+            lines.append(f"worst relative error {r.worst_error:.2e} (tolerance {r.tolerance:.0e})")
+        if r.ms is not None:
+            lines.append(f"{r.perf_label}: {r.ms:.4f} ms vs {r.baseline} {r.baseline_ms:.4f} ms "
+                         f"({r.speedup:.2f}x), {100 * r.roofline_fraction:.0f}% of the {r.bound} roofline")
+        elif r.perf_note:
+            lines.append(f"performance: {r.perf_note}")
+        lines += r.violations + ([r.message] if r.message else [])
+        tests.append({"name": f"{r.stage}: {r.title}", "score": r.score, "max_score": r.max_score,
+                      "status": "passed" if r.score == r.max_score else "failed",
+                      "output": "\n".join(lines), "visibility": "visible"})
+    board = [{"name": f"{r.stage} speedup", "value": round(r.speedup, 3)} for r in results if r.speedup is not None]
+    return {"score": round(sum(r.score for r in results), 2), "execution_time": round(seconds),
+            "output": "Per-stage grade against PyTorch; see each test's output.", "visibility": "visible",
+            "stdout_visibility": "visible", "tests": tests, "leaderboard": board}
+
+
+def plots(results: list[StageResult], folder: Path) -> list[Path]:
+    """speedup.png (per stage) and roofline.png (each stage's point), when GPU numbers exist."""
+    timed = [r for r in results if r.ms is not None]
+    if not timed:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([r.stage[:3] for r in timed], [r.speedup for r in timed], color="tab:blue")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("speed vs PyTorch baseline (x)")
+    ax.set_title("Speedup per stage")
+    fig.tight_layout()
+    fig.savefig(folder / "speedup.png", dpi=120)
+    plt.close(fig)
+    import numpy as np
+    ceil = json.loads(json.dumps(getattr(timed[0], "_ceil", None))) if False else None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    gbps, tflops = None, None
+    for r in timed:
+        c = r.__dict__.get("ceilings")
+        if c:
+            gbps, tflops = c["gbps"], c["tflops"]
+    if gbps:
+        x = np.logspace(-1, 4, 200)
+        ax.loglog(x, np.minimum(tflops, x * gbps / 1e3), "k-", lw=1.5, label=f"roofline ({gbps:.0f} GB/s, {tflops:.0f} TFLOP/s)")
+    for r in timed:
+        c = r.__dict__
+        ai = c["flops"] / c["bytes"]
+        ax.loglog([ai], [c["flops"] / r.ms / 1e9], "o", label=r.stage[:3])
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=8)
+    ax.set_title("Each stage on the roofline")
+    fig.tight_layout()
+    fig.savefig(folder / "roofline.png", dpi=120)
+    plt.close(fig)
+    del ceil
+    return [folder / "speedup.png", folder / "roofline.png"]
+
+
+def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool = True,
+          quiet: bool = False) -> tuple[list[StageResult], float]:
+    from common.impl import resolve
+    from common.stages import STAGES
+    root = resolve(impl)
+    todo = [s for s in STAGES if not stages or s.key in stages or s.folder in stages]
+    t0 = time.time()
+    results = []
+    for i, st in enumerate(todo):
+        if not quiet:
+            _bar(i, len(todo), f"{st.folder} ...")
+        r = grade_stage(root, st, timeout, run_tests)
+        for k in ("flops", "bytes", "ceilings"):
+            pass
+        results.append(r)
+    if not quiet:
+        _bar(len(todo), len(todo), "done")
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    return results, time.time() - t0
+
+
+def _grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages) -> int:
+    """Grade every sub-folder of ``folder``, one process per GPU (or ``jobs`` on CPU)."""
+    subs = sorted(p for p in folder.iterdir() if p.is_dir())
+    import torch
+    gpus = list(range(torch.cuda.device_count()))
+    slots = gpus or list(range(max(1, jobs)))
+    out.mkdir(parents=True, exist_ok=True)
+    free = list(slots)
+    import threading
+    lock = threading.Lock()
+
+    def one(sub: Path) -> str:
+        with lock:
+            slot = free.pop()
+        try:
+            env = dict(os.environ)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = str(slot)
+            dest = out / sub.name
+            cmd = [sys.executable, "-m", "common.grade", "--impl", str(sub), "--quiet",
+                   "--results-json", str(dest / "results.json"), "--json-out", str(dest / "report.json"),
+                   "--timeout", str(timeout)] + (["--stages", ",".join(stages)] if stages else [])
+            r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+            (out / f"{sub.name}.log").write_text(r.stdout + r.stderr)
+            return f"{sub.name}: exit {r.returncode}"
+        finally:
+            with lock:
+                free.append(slot)
+
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        for line in pool.map(one, subs):
+            print(line, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m common.grade", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--impl", default=os.environ.get("COURSE_IMPL", "assignments"),
+                    help="assignments (default), solutions, or a folder laid out like assignments/")
+    ap.add_argument("--stages", help="comma-separated stage keys, e.g. a01,a05 (default: all)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per stage (tests, then trials+timing)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    ap.add_argument("--json-out", type=Path, help="also write the JSON report here")
+    ap.add_argument("--results-json", type=Path, help="write a Gradescope results.json here")
+    ap.add_argument("--plots", type=Path, help="write speedup.png and roofline.png here (GPU runs)")
+    ap.add_argument("--no-tests", action="store_true", help="skip the pytest part (trials and timing only)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--submissions", type=Path, help="grade every sub-folder of this folder")
+    ap.add_argument("--out", type=Path, default=Path("grade-results"), help="with --submissions: output folder")
+    ap.add_argument("--jobs", type=int, default=1, help="with --submissions on CPU: processes at once")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    stages = args.stages.split(",") if args.stages else None
+    if args.worker:
+        try:
+            res = _worker(args.impl, args.worker)
+        except Exception as e:  # noqa: BLE001
+            res = {"correctness": "fail", "violations": [],
+                   "message": f"{type(e).__name__}: {e} | {traceback.format_exc().splitlines()[-2][:200]}"}
+        print(MARK + json.dumps(res, default=float), flush=True)
+        return 0
+    if args.submissions:
+        return _grade_many(args.submissions, args.out, args.jobs, args.timeout, stages)
+    import torch
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (correctness only; timing needs a GPU)"
+    results, secs = grade(args.impl, stages, args.timeout, not args.no_tests, args.quiet or args.json)
+    report = {"impl": str(args.impl), "gpu": gpu, "seconds": round(secs, 1),
+              "total": round(sum(r.score for r in results), 2), "max": sum(r.max_score for r in results),
+              "stages": [asdict(r) | {k: v for k, v in r.__dict__.items() if k in ("flops", "bytes", "ceilings")}
+                         for r in results]}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(table(results, str(args.impl), gpu))
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=1))
+    if args.results_json:
+        args.results_json.parent.mkdir(parents=True, exist_ok=True)
+        args.results_json.write_text(json.dumps(gradescope(results, secs), indent=1))
+    if args.plots:
+        for p in plots(results, args.plots):
+            print(f"wrote {p}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

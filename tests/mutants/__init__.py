@@ -1,0 +1,32 @@
+"""Mutation checks: buggy variants of the reference solutions that the graded tests must catch.
+
+A :class:`Mutant` is a copy of ``solutions/`` with a few exact text edits in one
+stage (each ``old`` must occur exactly once, so a mutant cannot silently stop
+applying when a solution changes). ``tests/test_mutants.py`` grades each one and
+expects at least one graded test of its stage to fail.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Mutant:
+    stage: str
+    file: str
+    bug: str
+    edits: list[tuple[str, str]] = field(default_factory=list)
+    gpu: bool = False          # only a GPU run can catch it (CUDA kernels, profiler)
+
+    @property
+    def id(self) -> str:
+        return f"{self.stage[:3]}-{self.bug.replace(' ', '_')}"
+
+
+def all_mutants() -> list[Mutant]:
+    import importlib
+    import pkgutil
+    out = []
+    for info in pkgutil.iter_modules(__path__):
+        out += importlib.import_module(f"{__name__}.{info.name}").MUTANTS
+    return out

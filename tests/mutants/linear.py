@@ -1,0 +1,47 @@
+"""Buggy variants of stages 1-3. Each must make at least one graded test fail."""
+from . import Mutant
+
+MUTANTS = [
+    # ---- a01: the transfer counter, the profiler report, the answers
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "direction swapped",
+           [("            if src.device.type == \"cpu\":\n                self.htod += 1",
+             "            if src.device.type == \"cpu\":\n                self.dtoh += 1")]),
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "copy_ not counted",
+           [("elif func is torch.ops.aten.copy_.default:", "elif False:")]),
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "same-device copies counted",
+           [("src.device.type != dst.device.type:", "True:")]),
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "result of the op dropped",
+           [("        return out\n\n\n@dataclass", "        return None\n\n\n@dataclass")]),
+    Mutant("a01_roundtrip_linear", "answers.toml", "wrong answer", [("transfers_with_bias = 4", "transfers_with_bias = 5")]),
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "report not per call (GPU)",
+           [("return TransferReport(htod / calls, dtoh / calls,", "return TransferReport(htod, dtoh,")], gpu=True),
+    # ---- a02: pre-transposed weights
+    Mutant("a02_pretransposed_linear", "pretransposed_linear.py", "transpose per call",
+           [("nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)",
+             "nn.Parameter(weight.detach().contiguous(), requires_grad=False)"),
+            ("        y = x @ self.weight_t\n", "        y = x @ self.weight_t.t().contiguous()\n")]),
+    Mutant("a02_pretransposed_linear", "pretransposed_linear.py", "W^T kept as a strided view",
+           [("weight.detach().t().contiguous()", "weight.detach().t()")]),
+    Mutant("a02_pretransposed_linear", "pretransposed_linear.py", "bias dropped",
+           [("return (y.to(\"cpu\") + self.bias_host).to(x.device)", "return y")]),
+    Mutant("a02_pretransposed_linear", "pretransposed_linear.py", "bias added on the device from a device copy",
+           [("return (y.to(\"cpu\") + self.bias_host).to(x.device)", "return y + self.bias_host.to(x.device)")]),
+    # ---- a03: bias kernel and fused Linear
+    Mutant("a03_fused_linear", "add_bias.py", "off-by-one row mask",
+           [("mask = (rows[:, None] < M) & col_ok[None, :]", "mask = (rows[:, None] < M - 1) & col_ok[None, :]")]),
+    Mutant("a03_fused_linear", "add_bias.py", "row stride ignored",
+           [("tl.load(y_ptr + rows[:, None] * stride_ym", "tl.load(y_ptr + rows[:, None] * N")]),
+    Mutant("a03_fused_linear", "add_bias.py", "bias broadcast along the wrong axis",
+           [("b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)", "b = tl.load(b_ptr + cols * 0, mask=col_ok, other=0.0)")]),
+    Mutant("a03_fused_linear", "add_bias.py", "torch add instead of the kernel",
+           [("    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n    if out.numel():\n        _launch(y.reshape(-1, N), b, out.view(-1, N))\n    return out",
+             "    return y + b")]),
+    Mutant("a03_fused_linear", "add_bias.py", "no shape check",
+           [("    if b.shape[0] != y.shape[-1]:", "    if False:")]),
+    Mutant("a03_fused_linear", "fused_linear.py", "bias dropped from the GEMM",
+           [("y = torch.addmm(self.bias, x2, w)", "y = x2 @ w")]),
+    Mutant("a03_fused_linear", "fused_linear.py", "bias added outside the GEMM",
+           [("y = torch.addmm(self.bias, x2, w)", "y = x2 @ w + self.bias")]),
+    Mutant("a03_fused_linear", "fused_linear.py", "no device/dtype check",
+           [("        check_tensor(x, \"x\", device=w.device.type, dtypes=[w.dtype], min_ndim=1)\n", "")]),
+]

@@ -1,0 +1,119 @@
+"""The grader itself (not graded): its report, its Gradescope output, and that it
+cannot be fooled by a submission that cheats, patches torch, crashes or hangs."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from common.impl import REPO
+
+GRADE = [sys.executable, "-m", "common.grade"]
+
+
+def _submission(tmp_path, edits: dict[str, list[tuple[str, str]]]):
+    sub = tmp_path / "sub"
+    shutil.copytree(REPO / "solutions", sub, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, pairs in edits.items():
+        p = sub / rel
+        text = p.read_text()
+        for old, new in pairs:
+            assert text.count(old) == 1, (rel, old)
+            text = text.replace(old, new)
+        p.write_text(text)
+    return sub
+
+
+def _grade(impl, tmp_path, stages, *extra, timeout=600):
+    out = tmp_path / "report.json"
+    rj = tmp_path / "results.json"
+    r = subprocess.run([*GRADE, "--impl", str(impl), "--stages", stages, "--json-out", str(out),
+                        "--results-json", str(rj), "--quiet", *extra], cwd=REPO, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(out.read_text()), json.loads(rj.read_text()), r.stdout
+
+
+def _validate_gradescope(doc: dict) -> None:
+    """The fields and types of Gradescope's results.json specification."""
+    assert isinstance(doc.get("score", 0), (int, float))
+    assert isinstance(doc.get("execution_time", 0), (int, float))
+    assert doc.get("visibility", "visible") in ("hidden", "after_due_date", "after_published", "visible")
+    assert doc.get("stdout_visibility", "visible") in ("hidden", "after_due_date", "after_published", "visible")
+    assert isinstance(doc["tests"], list) and doc["tests"]
+    for t in doc["tests"]:
+        assert set(t) <= {"score", "max_score", "status", "name", "name_format", "number", "output",
+                          "output_format", "tags", "visibility", "extra_data"}, set(t)
+        assert isinstance(t["name"], str) and isinstance(t["output"], str)
+        assert isinstance(t["score"], (int, float)) and isinstance(t["max_score"], (int, float))
+        assert 0 <= t["score"] <= t["max_score"]
+        assert t["status"] in ("passed", "failed")
+        assert t.get("visibility", "visible") in ("hidden", "after_due_date", "after_published", "visible")
+    for row in doc.get("leaderboard", []):
+        assert isinstance(row["name"], str) and isinstance(row["value"], (int, float, str))
+
+
+def test_solutions_full_marks_and_gradescope_format(tmp_path):
+    report, gs, table = _grade("solutions", tmp_path, "a01,a02,a03")
+    _validate_gradescope(gs)
+    assert [s["correctness"] for s in report["stages"]] == ["pass"] * 3, table
+    assert all(s["score"] == s["max_score"] for s in report["stages"]), table
+    assert "a03_fused_linear" in table and "total" in table
+
+
+def test_stubs_fail_without_crashing(tmp_path):
+    report, gs, table = _grade("assignments", tmp_path, "a01,a03")
+    _validate_gradescope(gs)
+    assert all(s["correctness"] == "fail" and s["score"] == 0 for s in report["stages"]), table
+    assert "NotImplementedError" in table
+
+
+def test_calling_the_torch_op_is_caught(tmp_path):
+    """A bias 'kernel' that is really torch arithmetic passes the values but not the grader."""
+    sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [(
+        "    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n    if out.numel():\n"
+        "        _launch(y.reshape(-1, N), b, out.view(-1, N))\n    return out", "    return y + b")]})
+    report, _, table = _grade(sub, tmp_path, "a03", "--no-tests")
+    (st,) = report["stages"]
+    assert st["score"] == 0 and any("aten.add" in v for v in st["violations"]), table
+
+
+def test_patching_torch_is_caught(tmp_path):
+    sub = _submission(tmp_path, {"a02_pretransposed_linear/pretransposed_linear.py": [(
+        "from torch import nn\n", "from torch import nn\n\ntorch.matmul = torch.matmul.__call__\n")]})
+    report, _, table = _grade(sub, tmp_path, "a02", "--no-tests")
+    (st,) = report["stages"]
+    assert st["score"] == 0 and any("torch.matmul" in v for v in st["violations"]), table
+
+
+def test_hard_coded_output_is_caught(tmp_path):
+    """Outputs cached from one input fail on the grader's fresh inputs and shapes."""
+    sub = _submission(tmp_path, {"a02_pretransposed_linear/pretransposed_linear.py": [(
+        "        y = x @ self.weight_t\n",
+        "        global _CACHE\n        _CACHE = globals().get('_CACHE') or (x @ self.weight_t)\n        y = _CACHE\n")]})
+    report, _, table = _grade(sub, tmp_path, "a02", "--no-tests")
+    assert report["stages"][0]["correctness"] == "fail", table
+
+
+def test_crash_and_hang_fail_only_their_stage(tmp_path):
+    sub = _submission(tmp_path, {
+        "a01_roundtrip_linear/roundtrip_linear.py": [("import torch\n", "import os\nimport torch\nos._exit(3)\n")],
+        "a02_pretransposed_linear/pretransposed_linear.py": [("import torch\n", "import time\nimport torch\ntime.sleep(600)\n")],
+    })
+    report, gs, table = _grade(sub, tmp_path, "a01,a02,a03", "--no-tests", "--timeout", "25")
+    _validate_gradescope(gs)
+    a01, a02, a03 = report["stages"]
+    assert a01["correctness"] == "fail" and "crashed" in a01["message"], table
+    assert a02["correctness"] == "fail" and "timed out" in a02["message"], table
+    assert a03["correctness"] == "pass", table
+
+
+@pytest.mark.parametrize("flag", ["--json"])
+def test_json_output(tmp_path, flag):
+    r = subprocess.run([*GRADE, "--impl", "solutions", "--stages", "a01", flag, "--no-tests"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    doc = json.loads(r.stdout)
+    assert doc["stages"][0]["stage"] == "a01_roundtrip_linear" and doc["total"] == doc["max"]
