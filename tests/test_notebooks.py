@@ -92,3 +92,29 @@ def test_rendered_copy_has_outputs(name):
     assert not [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
     src = {"".join(c["source"]) for c in _load(name)["cells"]}
     assert {"".join(c["source"]) for c in nb["cells"]} == src, f"{name}: rendered copy is out of date with lectures/{name}"
+
+
+def test_executor_keeps_streams_results_figures_and_errors(tmp_path):
+    """lectures/_tools/execute.py (used where Jupyter is absent) writes the outputs Jupyter would."""
+    import execute
+    cells = ["print('hello')\n6 * 7",
+             "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\nprint('after')",
+             "@__import__('functools').lru_cache\ndef f():\n    return 1\nimport inspect\nprint(inspect.getsource(f).splitlines()[1])",
+             "raise ValueError('boom')",
+             "print('still runs')"]
+    nb = {"cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": s, "outputs": [],
+                     "execution_count": None} for i, s in enumerate(cells)],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    src = tmp_path / "t.ipynb"
+    src.write_text(json.dumps(nb))
+    rc = execute.main([str(src), "--out", str(tmp_path / "out"), "--allow-errors"])
+    assert rc == 1                                   # a cell raised
+    out = json.loads((tmp_path / "out" / "t.ipynb").read_text())["cells"]
+    assert "".join(out[0]["outputs"][0]["text"]) == "hello\n"
+    assert out[0]["outputs"][1]["output_type"] == "execute_result"
+    assert "".join(out[0]["outputs"][1]["data"]["text/plain"]) == "42"
+    kinds = [o["output_type"] for o in out[1]["outputs"]]
+    assert kinds == ["display_data", "stream"] and "image/png" in out[1]["outputs"][0]["data"]
+    assert "def f():" in "".join(out[2]["outputs"][0]["text"])   # cell source visible to inspect (Triton needs it)
+    assert out[3]["outputs"][0]["output_type"] == "error" and out[3]["outputs"][0]["ename"] == "ValueError"
+    assert "".join(out[4]["outputs"][0]["text"]) == "still runs\n"
