@@ -7,7 +7,8 @@
 # through lectures/_tools/execute.py. The CUDA extensions of assignments 4 and 6 are
 # built in the background while the notebooks that do not need them run first. Writes
 # OUT_DIR/NN_name.ipynb (executed) and OUT_DIR/render.log. Copy the notebooks to
-# lectures/rendered/ and commit them.
+# lectures/rendered/ and commit them. Limits: NB_TIMEOUT seconds per notebook (200),
+# TOTAL_TIMEOUT for all (480); a copy cut short keeps the cells it finished.
 set -u
 OUT=${1:?usage: render_gpu.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -28,7 +29,7 @@ load('a04_cuda_gelu.fused_gelu', 'solutions').build()
 load('a06_matmul.matmul_cuda', 'solutions')._op()
 print(f'[build] a04 and a06 extensions ready in {time.time() - t:.0f} s')
 " > "$BUILD_LOG" 2>&1 &
-python3 lectures/_tools/execute.py --allow-errors --timeout "${NB_TIMEOUT:-200}" --out "$OUT" \
+timeout "${TOTAL_TIMEOUT:-480}" python3 lectures/_tools/execute.py --allow-errors --timeout "${NB_TIMEOUT:-200}" --out "$OUT" \
   lectures/01_*.ipynb lectures/02_*.ipynb lectures/03_*.ipynb lectures/05_*.ipynb \
   lectures/07_*.ipynb lectures/04_*.ipynb lectures/06_*.ipynb >> "$LOG" 2>&1
 rc=$?
