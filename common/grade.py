@@ -205,7 +205,7 @@ def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, 
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", str(test), "--impl", str(impl), "-q", "-p", "no:cacheprovider",
-               "-m", "graded", f"--junitxml={xml}", "-x" if False else "--maxfail=1000"]
+               "-m", "graded", "--tb=short", f"--junitxml={xml}"]
         try:
             r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
