@@ -1,4 +1,4 @@
-"""Autograder configuration.
+"""Autograder configuration, loaded as a plugin by the top-level conftest.py.
 
     pytest                      # grade assignments/ (your work)
     pytest --impl solutions     # grade the reference solutions
