@@ -146,7 +146,7 @@ def test_torch_rows_without_keys(tiled):
 def tri(impl, monkeypatch):
     mod = impl.load(TRITON_MOD)
     monkeypatch.setattr(mod, "POISON_OUTPUTS", True)   # unwritten outputs read as NaN
-    monkeypatch.setattr(mod, "TUNE", False)            # one fixed config (no autotuning in tests)
+    monkeypatch.setattr(mod, "TUNE", False)            # the fixed config table (no autotuning in tests)
     return mod
 
 

@@ -3,13 +3,15 @@
     python -m solutions.a07_flash_attention.bench            # full table + plots (H100, ~5 min)
     python -m solutions.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
     python -m solutions.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
+    python -m solutions.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (flash_triton.TUNE)
 
 bf16, B·H·S = 2^19 tokens (B·H = 128 at S = 4096, 32 at S = 16384; H = 16),
 d = 64 and 128, causal and not. Times are CUDA-event medians with L2 flushed
 (common.timing.bench). FLOPs: 4·B·H·S²·d forward (halved when causal), backward
 2.5x forward (common.roofline.attention_flops). Backward is timed alone
 (autograd.grad with retain_graph), so the floors compare like with like.
-Writes lectures/results/a07_flash_attention.{md,csv} and a07_*.png.
+Writes lectures/results/a07_flash_attention.{md,csv} and a07_*.png
+(--tune: a07_flash_attention_tuned.{md,csv}).
 """
 from __future__ import annotations
 
@@ -200,9 +202,9 @@ def sweep(s=4096, d_list=(64, 128)):
     return rows
 
 
-def write_results(rows, mem, cmd):
+def write_results(rows, mem, cmd, name="a07_flash_attention"):
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / "a07_flash_attention.csv", "w", newline="") as f:
+    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
@@ -225,8 +227,8 @@ def write_results(rows, mem, cmd):
             t, s = get.get(("triton", d, causal, 4096)), get.get(("sdpa", d, causal, 4096))
             if t and s:
                 lines.append(f"| {d} | {causal} | {t['fwd_tflops']:.0f} | {s['fwd_tflops']:.0f} | "
-                             f"{t['fwd_tflops'] / s['fwd_tflops']:.2f} | {t['bwd_tflops']:.0f} | {s['bwd_tflops']:.0f} | "
-                             f"{t['bwd_tflops'] / s['bwd_tflops']:.2f} |")
+                             f"{t['fwd_tflops'] / s['fwd_tflops']:.3f} | {t['bwd_tflops']:.0f} | {s['bwd_tflops']:.0f} | "
+                             f"{t['bwd_tflops'] / s['bwd_tflops']:.3f} |")
     lines += ["", "## All sizes (TFLOP/s: forward / backward / forward+backward)", "",
               "| impl | d | causal | S | B·H | fwd | bwd | fwd+bwd | fwd ms | bwd ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -237,7 +239,7 @@ def write_results(rows, mem, cmd):
                   "| impl | S | forward | forward+backward |", "|---|---|---|---|"]
         for m in mem:
             lines.append(f"| {m['impl']} | {m['S']} | {m['fwd_MiB']:.1f} | {m['fwdbwd_MiB']:.1f} |")
-    (RESULTS / "a07_flash_attention.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:16]))
 
 
@@ -257,6 +259,7 @@ def plots(rows, mem):
                     if pts:
                         ax.plot(*zip(*pts), marker="o", label=impl)
                 ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
                 ax.set_title(f"{label}, d={d}, causal={causal}")
                 ax.set_xlabel("S")
                 ax.set_ylabel("TFLOP/s")
@@ -286,6 +289,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench.py needs a CUDA GPU")
@@ -293,13 +297,22 @@ def main(argv=None):
     if args.sweep:
         sweep()
         return
-    sizes = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
+    if args.tune:
+        flash_triton.TUNE = True
+        IMPLS.pop("naive")
+        IMPLS.pop("tiled_torch")
+    sizes = [4096] if args.tune else [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
     rows = []
     run_table(sizes, (64, 128), rows)
-    mem = memory([1024, 2048, 4096, 8192, 16384]) if not args.quick else []
-    cmd = "python -m " + __package__ + ".bench" + (" --quick" if args.quick else "")
-    write_results(rows, mem, cmd)
-    if not args.quick:
+    if args.tune:
+        for fn, tuned in flash_triton._tuned.items():
+            for key, cfg in tuned.cache.items():
+                print(f"[a07] autotune {getattr(fn, '__name__', fn)} key={key}: {cfg}", flush=True)
+    full = not (args.quick or args.tune)
+    mem = memory([1024, 2048, 4096, 8192, 16384]) if full else []
+    cmd = "python -m " + __package__ + ".bench" + (" --quick" if args.quick else "") + (" --tune" if args.tune else "")
+    write_results(rows, mem, cmd, "a07_flash_attention_tuned" if args.tune else "a07_flash_attention")
+    if full:
         plots(rows, mem)
 
 

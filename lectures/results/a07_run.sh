@@ -1,19 +1,31 @@
 #!/bin/bash
-# Stage 7 GPU session: tests, then a config sweep or the full benchmark.
-#   bash lectures/results/a07_run.sh sweep|bench|tests
+# Stage 7 GPU session (H100): everything one device call needs, logs under $OUT.
+#   bash lectures/results/a07_run.sh sweep    # tests, then per-config kernel times at S=4096
+#   bash lectures/results/a07_run.sh full     # TMA-forward experiment, full benchmark, tests
+#   bash lectures/results/a07_run.sh final    # tests, full benchmark, autotuned benchmark at S=4096
+#   bash lectures/results/a07_run.sh bench    # full benchmark only
 set -u
 OUT=${OUT:-/tmp/a07_out}; mkdir -p "$OUT"
 export TORCH_EXTENSIONS_DIR=/tmp/ext
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 mode=${1:-bench}
-if [ "$mode" != "bench" ] || [ "${2:-}" = "tests" ]; then
-  timeout ${TEST_TIMEOUT:-240} python3 -m pytest tests/test_a07_flash_attention.py --impl solutions -q -rs 2>&1 | tee "$OUT/pytest_solutions.log" | tail -25
-fi
-if [ "$mode" = "sweep" ]; then
-  python3 -m solutions.a07_flash_attention.bench --sweep 2>&1 | tee "$OUT/sweep.log" | grep -E "BEST|sdpa|Error" 
-elif [ "$mode" = "bench" ]; then
-  python3 -m solutions.a07_flash_attention.bench 2>&1 | tee "$OUT/bench.log" | grep -vE "^\[a07\] (tiled|naive)" | tail -60
+tests() {
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest tests/test_a07_flash_attention.py --impl solutions -q -rs 2>&1 \
+    | tee "$OUT/pytest_solutions.log" | tail -8
+}
+bench() {
+  timeout ${BENCH_TIMEOUT:-420} python3 -m solutions.a07_flash_attention.bench 2>&1 | tee "$OUT/bench.log" \
+    | grep -vE "^\[a07\] (tiled|naive|triton|sdpa|memory)" | tail -40
   cp lectures/results/a07_* "$OUT/" 2>/dev/null
-fi
+}
+case "$mode" in
+  sweep) tests; python3 -m solutions.a07_flash_attention.bench --sweep 2>&1 | tee "$OUT/sweep.log" | grep -E "BEST|sdpa|Error" ;;
+  full)  timeout 150 python3 lectures/results/a07_tma_try.py 2>&1 | tee "$OUT/tma_try.log" | tail -8; bench; tests ;;
+  bench) bench ;;
+  final) TEST_TIMEOUT=150 tests; BENCH_TIMEOUT=280 bench
+         timeout 150 python3 -m solutions.a07_flash_attention.bench --tune 2>&1 | tee "$OUT/bench_tune.log" \
+           | grep -E "autotune|^\| (64|128) "
+         cp lectures/results/a07_flash_attention_tuned.* "$OUT/" 2>/dev/null ;;
+esac
 echo "done"

@@ -23,8 +23,8 @@ writes. See the handout (README.md) for the arithmetic.
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
     python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (or assignments.)
 
-On a GPU the block sizes are autotuned (configs below); under the Triton
-interpreter one small configuration is used.
+Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100
+(`bench.py --sweep`); `TUNE = True` autotunes instead; the interpreter uses small tiles.
 """
 from __future__ import annotations
 
@@ -292,35 +292,43 @@ def _configs(shapes):
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in shapes]
 
 
-#: Fixed configurations (the interpreter, GPU tests) and the autotuned sets (GPU).
-if TRITON_INTERPRET:   # small tiles: the interpreter is slow
+def _cfg(bm, bn, w, s):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+
+
+#: Block configurations per kernel and head dim (d <= 64 / d = 128). On the GPU these are
+#: the winners of `bench.py --sweep` on the H100 at S = 4096, bf16 (lectures/results/a07_sweep.log);
+#: under the interpreter small tiles, since it is slow.
+if TRITON_INTERPRET:
     from common.interpreter_patch import patch_bf16_dot
     patch_bf16_dot()   # triton 3.6's interpreter computes bf16 tl.dot wrongly without it
-    FWD_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    DKDV_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
-    DQ_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    CONFIGS = {"fwd": {64: _cfg(32, 16, 4, 1), 128: _cfg(32, 16, 4, 1)},
+               "dkdv": {64: _cfg(16, 32, 4, 1), 128: _cfg(16, 32, 4, 1)},
+               "dq": {64: _cfg(32, 16, 4, 1), 128: _cfg(32, 16, 4, 1)}}
 else:
-    FWD_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-    DKDV_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
-    DQ_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-#: Autotune on a GPU (bench.py); False: always the fixed configs above (tests, the interpreter).
-TUNE = not TRITON_INTERPRET
+    CONFIGS = {"fwd": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)},
+               "dkdv": {64: _cfg(32, 128, 4, 4), 128: _cfg(64, 128, 8, 3)},
+               "dq": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)}}
+#: Set a dict here to force one config for every head dim (bench.py --sweep does).
+FWD_CONFIG = DKDV_CONFIG = DQ_CONFIG = None
+#: True: triton.autotune over the *_TUNE sets instead (bench.py --tune); compiles every config.
+TUNE = False
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): the winners of `bench.py --sweep` on the H100
-# at S = 4096 (lectures/results/a07_sweep.log) and their runners-up.
 FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
 DKDV_TUNE = _configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)])
 DQ_TUNE = _configs([(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4, 4)])
 _tuned = {}
 
 
-def _kernel(fn, configs, fixed: dict):
-    """(kernel, launch kwargs): autotuned when TUNE, else the fixed config."""
-    if not TUNE:
-        return fn, fixed
-    if fn not in _tuned:
-        _tuned[fn] = triton.autotune(configs, key=_KEY)(fn)
-    return _tuned[fn], {}
+def _kernel(fn, kind: str, d: int):
+    """(kernel, launch kwargs) for one of the three tiled kernels."""
+    if TUNE:
+        if fn not in _tuned:
+            tune = {"fwd": FWD_TUNE, "dkdv": DKDV_TUNE, "dq": DQ_TUNE}[kind]
+            _tuned[fn] = triton.autotune(tune, key=_KEY)(fn)
+        return _tuned[fn], {}
+    forced = {"fwd": FWD_CONFIG, "dkdv": DKDV_CONFIG, "dq": DQ_CONFIG}[kind]
+    return fn, dict(forced or CONFIGS[kind][64 if d <= 64 else 128])
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -369,7 +377,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o = _new(q.shape, q)
     lse = _new(q.shape[:-1], q, torch.float32)
     o4 = _as4d(o)
-    kernel, cfg = _kernel(_attn_fwd, FWD_TUNE, FWD_CONFIG)
+    kernel, cfg = _kernel(_attn_fwd, "fwd", d)
     grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
     kernel[grid](q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
                  H, nq, nk, LOG2E / math.sqrt(d), HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
@@ -388,10 +396,10 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                                                   HEAD_DIM=d, BLOCK_M=64)
     sm_scale = 1.0 / math.sqrt(d)
     args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
-    kernel, cfg = _kernel(_attn_bwd_dkdv, DKDV_TUNE, DKDV_CONFIG)
+    kernel, cfg = _kernel(_attn_bwd_dkdv, "dkdv", d)
     kernel[lambda meta: (triton.cdiv(nk, meta["BLOCK_N"]), Z * H)](
         q4, k4, v4, do4, lse, delta, dk, dv, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
-    kernel, cfg = _kernel(_attn_bwd_dq, DQ_TUNE, DQ_CONFIG)
+    kernel, cfg = _kernel(_attn_bwd_dq, "dq", d)
     kernel[lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)](
         q4, k4, v4, do4, lse, delta, dq, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
     return dq, dk, dv
