@@ -79,8 +79,9 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """DK, DV (contiguous [Z, H, N_K, HEAD_DIM]) for one key tile; loops over query tiles."""
     # TODO(a07): kernel 3 (dK, dV). Program (pid_n, zh) owns keys n0 = pid_n·BLOCK_N ..: load k, v once,
-    #   dk = dv = 0 (fp32). Loop over the query tiles that see these keys (causal: from row n0 - shift,
-    #   masking the band up to row n0 + BLOCK_N - 1 - shift). Per query tile (load q, dO, LSE, DELTA):
+    #   dk = dv = 0 (fp32). Loop over the query tiles that see these keys (shift = N_K - N_Q; causal:
+    #   start at row n0 - shift, mask the band up to row n0 + BLOCK_N - 1 - shift, then no mask).
+    #   Per query tile (load q, dO, LSE, DELTA):
     #     pᵀ = exp2(k qᵀ·sm_scale·log2e - LSE·log2e)   (0 where masked; padding rows: LSE = +inf)
     #     dv += pᵀ dO;  dpᵀ = v dOᵀ;  dsᵀ = pᵀ ∘ (dpᵀ - DELTA);  dk += dsᵀ q
     #   Store dk·sm_scale and dv (DK, DV are contiguous [Z·H, N_K, HEAD_DIM]).
