@@ -116,9 +116,11 @@ matmul_v4_regblock(const float* __restrict__ A, const float* __restrict__ B,
 //     phase reads sit in 8 different bank groups (no conflicts, no padding);
 //   * tiles are visited in groups of 8 tile-rows (as in Triton's matmul) so blocks
 //     running together share A and B slices in L2.
-//   v5: 128x128 tile, warps 2x4 of 64x32 (64 fp32 accumulators per thread).
-//   v6: 128x256 tile, warps 2x4 of 64x64 (128 accumulators per thread): twice the mma
-//       work per ldmatrix of A, half the B traffic per FLOP, one block per SM.
+//   v5: 128x128 tile, K slices of 32, 4 stages (64 KB), warps 2x4 of 64x32 (64 fp32
+//       accumulators per thread, 127 registers: two blocks per SM).
+//   v6: 128x256 tile, K slices of 32, 4 stages (96 KB), warps 2x4 of 64x64 (128
+//       accumulators per thread, ~236 registers: one block per SM): twice the mma work
+//       per ldmatrix of A, half the B traffic per FLOP.
 //   Expect: hundreds of TFLOP/s; mma.sync cannot reach Hopper's wgmma peak (cuBLAS uses
 //   wgmma + TMA), so a well-fed mma.sync kernel lands around half to two thirds of it.
 // =====================================================================================
@@ -171,41 +173,47 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                  : "r"(smem_u32(p)));
 }
 
-constexpr int TC_BK = 32, TC_STAGES = 4, TC_WARPS_M = 2, TC_WARPS_N = 4, TC_THREADS = 256, TC_GROUP_M = 8;
+constexpr int TC_WARPS_M = 2, TC_WARPS_N = 4, TC_THREADS = 256, TC_GROUP_M = 8;
 
-// Swizzled element offsets of 16-byte chunk c in row r of a shared tile.
-// A tile: BM rows x 32 halves (4 chunks, 64 bytes a row): two rows share a 128-byte line,
-// so XOR the chunk with bits 1..2 of the row.  B tile: 32 rows x BN halves (BN/8 chunks):
-// XOR the chunk with the low 3 bits of the row.
-__device__ __forceinline__ int a_off(int r, int c) { return r * TC_BK + ((c ^ ((r >> 1) & 3)) << 3); }
-template <int BN>
-__device__ __forceinline__ int b_off(int r, int c) { return r * BN + ((c ^ (r & 7)) << 3); }
+// Swizzled element offset of 16-byte chunk c in row r of a shared tile with CH chunks a
+// row. ldmatrix reads one chunk from each of 8 consecutive rows; XOR-ing the chunk index
+// with the row's place in its group of 128-byte lines puts those 8 chunks in 8 different
+// bank groups. 64-byte rows (CH = 4): two rows share a line, XOR with bits 1..2 of r;
+// rows of 128 bytes or more: XOR with the low 3 bits of r.
+template <int CH>
+__device__ __forceinline__ int swz(int r, int c) {
+    constexpr int rows_per_line = CH >= 8 ? 1 : 8 / CH;
+    constexpr int mask = (CH >= 8 ? 8 : CH) - 1;
+    return r * CH * 8 + ((c ^ ((r / rows_per_line) & mask)) << 3);
+}
 
-template <int BM, int BN>
-constexpr int tc_smem_bytes() { return TC_STAGES * (BM * TC_BK + TC_BK * BN) * 2; }
+template <int BM, int BN, int BK, int STAGES>
+constexpr int tc_smem_bytes() { return STAGES * (BM * BK + BK * BN) * 2; }
 
-template <typename T, int BM, int BN, bool ALIGNED>  // ALIGNED: N % 8 == 0, K % 8 == 0, 16-byte pointers
+// ALIGNED: N % 8 == 0, K % 8 == 0 and 16-byte aligned pointers (cp.async of whole chunks).
+template <typename T, int BM, int BN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(TC_THREADS)
 matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
     // TODO(a06 v5/v6): see the header comment above and the handout. Outline:
-    //  * extern __shared__ tiles: TC_STAGES x [BM][TC_BK] of A, then TC_STAGES x [TC_BK][BN]
-    //    of B, addressed through a_off / b_off<BN> (swizzled 16-byte chunks);
+    //  * extern __shared__ tiles: STAGES x [BM][BK] of A, then STAGES x [BK][BN] of B,
+    //    addressed through swz<BK / 8>(row, chunk) and swz<BN / 8>(row, chunk);
     //  * tile (pid_m, pid_n) from blockIdx.x in grouped order (TC_GROUP_M tile-rows);
     //  * 8 warps as TC_WARPS_M x TC_WARPS_N, each owning (BM/2)x(BN/4) of C as m16n8 tiles
     //    with float accumulators;
-    //  * pipeline: issue TC_STAGES-1 slices with cp_async16 (pred=false zero-fills outside
+    //  * pipeline: issue STAGES-1 slices with cp_async16 (pred=false zero-fills outside
     //    the matrices; when ALIGNED is false use plain element loads instead), one
-    //    cp_async_commit per slice; per slice: cp_async_wait<TC_STAGES-2>, __syncthreads,
-    //    issue slice kt+TC_STAGES-1, then two k16 steps of ldmatrix_x4 (A),
-    //    ldmatrix_x4_trans (B) and Mma<T>::run;
+    //    cp_async_commit per slice; per slice: cp_async_wait<STAGES-2>, __syncthreads,
+    //    issue slice kt+STAGES-1, then BK/16 k16 steps of ldmatrix_x4 (A),
+    //    ldmatrix_x4_trans (B) and Mma<T>::run (load step ks+1's fragments before
+    //    step ks's mma);
     //  * epilogue: accumulator (mt, nt) holds rows lane/4 and lane/4+8, columns
     //    2*(lane%4)+{0,1}; convert with Mma<T>::from / from2 and store inside C only.
 }
 
-template <typename T, int BM, int BN, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, bool ALIGNED>
 cudaError_t launch_tc(const T* a, const T* b, T* c, int M, int N, int K, cudaStream_t stream) {
-    constexpr int smem = tc_smem_bytes<BM, BN>();
-    auto kernel = matmul_v5_mma<T, BM, BN, ALIGNED>;
+    constexpr int smem = tc_smem_bytes<BM, BN, BK, STAGES>();
+    auto kernel = matmul_v5_mma<T, BM, BN, BK, STAGES, ALIGNED>;
     static bool configured = false;  // raise the dynamic shared-memory limit once
     if (!configured) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -217,6 +225,10 @@ cudaError_t launch_tc(const T* a, const T* b, T* c, int M, int N, int K, cudaStr
     return cudaGetLastError();
 }
 
+// Tile shapes of the two tensor-core versions: BM, BN, BK (K slice), STAGES.
+#define A06_V5_TILE 128, 128, 32, 4
+#define A06_V6_TILE 128, 256, 32, 4
+
 template <typename T>
 cudaError_t launch_tensor_core(const void* a, const void* b, void* c, int M, int N, int K, int version,
                                bool aligned, cudaStream_t stream) {
@@ -224,10 +236,10 @@ cudaError_t launch_tensor_core(const void* a, const void* b, void* c, int M, int
     auto B = static_cast<const T*>(b);
     auto C = static_cast<T*>(c);
     if (version == 5)
-        return aligned ? launch_tc<T, 128, 128, true>(A, B, C, M, N, K, stream)
-                       : launch_tc<T, 128, 128, false>(A, B, C, M, N, K, stream);
-    return aligned ? launch_tc<T, 128, 256, true>(A, B, C, M, N, K, stream)
-                   : launch_tc<T, 128, 256, false>(A, B, C, M, N, K, stream);
+        return aligned ? launch_tc<T, A06_V5_TILE, true>(A, B, C, M, N, K, stream)
+                       : launch_tc<T, A06_V5_TILE, false>(A, B, C, M, N, K, stream);
+    return aligned ? launch_tc<T, A06_V6_TILE, true>(A, B, C, M, N, K, stream)
+                   : launch_tc<T, A06_V6_TILE, false>(A, B, C, M, N, K, stream);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

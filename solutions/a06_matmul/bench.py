@@ -40,7 +40,8 @@ GPT2 = {  # GPT-2 small, batch 8 x 1024 tokens: (M, K, N)
     "mlp-down 8192x3072->768": (8192, 3072, 768),
     "lm-head 8192x768->50257": (8192, 768, 50257),
 }
-CSV_COLS = ["section", "shape", "M", "N", "K", "dtype", "impl", "ms", "tflops", "rel_err", "tiles", "device", "sms"]
+CSV_COLS = ["section", "shape", "M", "N", "K", "dtype", "impl", "ms", "tflops", "rel_err", "tiles", "eager_ms",
+            "device", "sms"]
 MAX_SIZE = {1: 2048, 2: 4096}  # the slowest versions stop early (seconds per call above)
 SM_TILE = 128  # v5 and Triton's sweep config both use 128x128 tiles
 
@@ -49,11 +50,25 @@ def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2.0 * m * n * k / ms / 1e9
 
 
-def _timed(fn):
+def _timed(fn, graph: bool = True) -> float:
+    """Median ms of fn(). graph=True times replays of a CUDA graph of fn, so the Python and
+    launch overhead of a call (tens of µs for a Triton launch) is not counted: kernel time."""
     from common.timing import bench
     fn()  # warm-up: compile / autotune / build outside the timing
     torch.cuda.synchronize()
-    return bench(fn).median_ms
+    if not graph:
+        return bench(fn).median_ms
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = bench(g.replay).median_ms
+    del g
+    return ms
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -116,7 +131,7 @@ class Runner:
     def add(self, section, shape_name, m, n, k, dtype, impl, ms, err=float("nan"), **extra):
         row = dict(section=section, shape=shape_name, M=m, N=n, K=k, dtype=str(dtype).replace("torch.", ""),
                    impl=impl, ms=ms, tflops=tflops(m, n, k, ms) if ms == ms else float("nan"), rel_err=err,
-                   tiles=extra.get("tiles", ""), device=self.device, sms=self.sms)
+                   tiles=extra.get("tiles", ""), eager_ms=extra.get("eager_ms", ""), device=self.device, sms=self.sms)
         self.rows.append(row)
         if self.csv_path is not None:  # append as we go: a run cut short still leaves its numbers
             new = not self.csv_path.exists()
@@ -189,7 +204,11 @@ class Runner:
             for label, fn in variants.items():
                 out = fn()
                 err = _rel(out, ref) if "only" not in label else float("nan")
-                self.add("fusion", name, m, n, k, torch.bfloat16, label, _timed(fn), err)
+                self.add("fusion", name, m, n, k, torch.bfloat16, label, _timed(fn), err,
+                         eager_ms=_timed(fn, graph=False))
+            fn = lambda: self.tri.matmul(x, w, bias, "gelu_tanh", fast_tanh=False)  # noqa: E731
+            self.add("fusion", name, m, n, k, torch.bfloat16, "Triton fused, precise tanh", _timed(fn),
+                     _rel(fn(), ref), eager_ms=_timed(fn, graph=False))
             del x, w, bias
 
 
@@ -221,6 +240,7 @@ def load_csv(path: Path) -> list[dict]:
             for c in ("ms", "tflops", "rel_err"):
                 r[c] = float(r[c])
             r["tiles"] = int(r["tiles"]) if r["tiles"] else ""
+            r["eager_ms"] = float(r["eager_ms"]) if r.get("eager_ms") else ""
             rows.append(r)
     return rows
 
@@ -231,7 +251,7 @@ def report(rows, out: Path, cmd: str, bad: dict[int, str], autotune_note: str, v
     md = [f"# Assignment 6: tiled matmul on {dev}", "",
           f"Made by `{cmd}` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC "
           f"({versions or f'torch {torch.__version__}'}, {sms} SMs). "
-          "TFLOP/s = 2·M·N·K / median time (CUDA events, L2 flushed before each run). "
+          "TFLOP/s = 2·M·N·K / median time of a CUDA-graph replay of the call (CUDA events, L2 flushed before each run; launch overhead excluded). "
           "cuBLAS is `torch.matmul` measured in the same run; fp32 cuBLAS with TF32 off unless marked tf32.", ""]
     sq = [r for r in rows if r["section"] == "square"]
 
@@ -264,13 +284,25 @@ def report(rows, out: Path, cmd: str, bad: dict[int, str], autotune_note: str, v
             md += ["", f"## GPT-2 small shapes (B·T = 8192 tokens), {dt}, TFLOP/s", "", _table(rs, "shape", imps)]
     sw = [r for r in rows if r["section"] == "sweep"]
     if sw:
+        def at(n, imp):
+            hit = [r for r in sw if r["M"] == n and r["impl"] == imp]
+            return hit[0]["tflops"] if hit else float("nan")
         md += ["", "## Tile and wave quantization (bf16, M = N = K = n)", "",
-               f"128x128 output tiles: tiles = ceil(n/128)². One wave = {sms} tiles when one block fits per SM "
-               f"(Triton's fixed 128x128x64 config, 4 stages, 128 KB of shared memory); v5 fits two blocks per SM "
-               f"({2 * sms} tiles a wave). Going from n to n+1 across a multiple of 128 adds a row and a column "
-               "of almost empty tiles: the work grows by a few percent, the time by a whole row of tiles, and "
-               "when the tile count crosses a multiple of the SM count, by a whole wave.", "",
-               "| n | tiles | tiles/SMs | cuBLAS | Triton 128x128 fixed | CUDA v5 |", "|---|---|---|---|---|---|"]
+               f"128x128 output tiles: tiles = ceil(n/128)². One wave = {sms} tiles when one block runs per SM "
+               f"(Triton's fixed 128x128x64 config: 4 stages, 128 KB of shared memory, so one block per SM); "
+               f"v5 (64 KB, 127 registers) runs two blocks per SM, {2 * sms} tiles a wave. "
+               "n = 128k + 8 adds a row and a column of tiles that are 1/16 full: the work grows by ~2%, the "
+               "time by the extra tiles, and by a whole wave where the tile count crosses a multiple of the "
+               "SMs (e.g. 1408 -> 1416: 121 -> 144 tiles, past 132). Triton's drop at 128k + 8 is larger than "
+               "quantization: it specializes integer arguments on divisibility by 16, and a stride of 128k + 8 "
+               "elements is not, so it loses its 16-byte loads (sweep 128k + 16 to see Triton's own step).", "",
+               "n = 1793 is a different effect: its rows are 3586 bytes, not a multiple of 16, so 16-byte "
+               "vector loads, cp.async/TMA and cuBLAS's fast kernels are all off. That costs far more than "
+               "the quantization step:", "",
+               "| impl | 1792 | 1800 (one more tile row/col) | 1793 (unaligned) |", "|---|---|---|---|"]
+        for imp in ("cuBLAS", "Triton 128x128 fixed", "CUDA v5"):
+            md.append(f"| {imp} | {at(1792, imp):.0f} | {at(1800, imp):.0f} | {at(1793, imp):.0f} |")
+        md += ["", "| n | tiles | tiles/SMs | cuBLAS | Triton 128x128 fixed | CUDA v5 |", "|---|---|---|---|---|---|"]
         for shape in dict.fromkeys(r["shape"] for r in sw):
             rr = {r["impl"]: r for r in sw if r["shape"] == shape}
             any_r = next(iter(rr.values()))
@@ -282,12 +314,16 @@ def report(rows, out: Path, cmd: str, bad: dict[int, str], autotune_note: str, v
         md += ["", "## Fusion: GPT-2 MLP up-projection, gelu(x @ W + b), bf16", "",
                "Time in µs (median); the fused kernel does the bias and GELU on the fp32 accumulator before its "
                "single store; the others write the GEMM result and read it back in elementwise kernels.", "",
-               "| shape | variant | µs | vs fused |", "|---|---|---|---|"]
+               "Kernel time is a CUDA-graph replay (no launch overhead); eager is the same call from Python, "
+               "launch overhead included (what a plain PyTorch program pays at small sizes).", "",
+               "| shape | variant | kernel µs | vs fused | eager µs | eager vs fused |", "|---|---|---|---|---|---|"]
         for shape in dict.fromkeys(r["shape"] for r in fu):
             rr = [r for r in fu if r["shape"] == shape]
-            fused = [r for r in rr if "fused" in r["impl"]][0]["ms"]
+            fz = [r for r in rr if r["impl"] == "Triton GEMM+bias+GELU fused"][0]
             for r in rr:
-                md.append(f"| {shape} | {r['impl']} | {r['ms'] * 1e3:.1f} | {r['ms'] / fused:.2f}x |")
+                e = r["eager_ms"]
+                md.append(f"| {shape} | {r['impl']} | {r['ms'] * 1e3:.1f} | {r['ms'] / fz['ms']:.2f}x | "
+                          + (f"{e * 1e3:.1f} | {e / fz['eager_ms']:.2f}x |" if e != "" else " | |"))
     if autotune_note:
         md += ["", "## Autotuner choices (Triton)", "", "```", autotune_note, "```"]
     md += ["", "Correctness: every kernel's output was compared with cuBLAS before timing "
@@ -326,12 +362,16 @@ def _plots(rows, out: Path, dev: str, sms: int):
     if sw:
         fig, ax = plt.subplots(figsize=(11, 5))
         for imp in dict.fromkeys(r["impl"] for r in sw):
-            pts = sorted((r["M"], r["tflops"]) for r in sw if r["impl"] == imp)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=imp)
+            pts = sorted((r["M"], r["tflops"]) for r in sw if r["impl"] == imp and r["M"] % 8 == 0)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=imp)
+            odd = sorted((r["M"], r["tflops"]) for r in sw if r["impl"] == imp and r["M"] % 8)
+            if odd:
+                ax.plot([p[0] for p in odd], [p[1] for p in odd], ls="", marker="x", color=line.get_color(),
+                        label=f"{imp}, n % 8 != 0")
         ax.set_xlabel("n (M = N = K), bf16")
         ax.set_ylabel("TFLOP/s")
         ax2 = ax.twinx()
-        ns = sorted({r["M"] for r in sw})
+        ns = sorted({r["M"] for r in sw if r["M"] % 8 == 0})
         ax2.step(ns, [math.ceil(n / SM_TILE) ** 2 / sms for n in ns], where="post", color="gray", alpha=0.5,
                  label=f"128x128 tiles / {sms} SMs")
         ax2.set_ylabel(f"tiles / {sms} SMs (waves at one block per SM)")
@@ -339,7 +379,7 @@ def _plots(rows, out: Path, dev: str, sms: int):
             ax2.axhline(w, color="gray", ls=":", lw=0.8)
         ax.legend(loc="upper left", fontsize=8)
         ax2.legend(loc="lower right", fontsize=8)
-        ax.set_title("Tile / wave quantization: sizes around multiples of 128")
+        ax.set_title("Tile / wave quantization: n = 64j and n = 128k + 8 (x: n = 1793, rows not 16-byte aligned)")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "a06_matmul_quantization.png", dpi=110)
@@ -375,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         run.gemm_set("square", str(s), s, s, s, torch.float32, [1, 2, 3, 4])
     run.fusion({"8192x768->3072": (8192, 768, 3072), "1024x768->3072": (1024, 768, 3072)})
     if not (args.quick or args.no_sweep):
-        sweep = sorted({n for base in range(1024, 2561, 128) for n in (base, base + 1)} | {1792, 1793})
+        sweep = sorted(set(range(1024, 2561, 64)) | {128 * k + 8 for k in range(8, 20)} | {1793})
         run.sweep(sweep)
     for name, (m, k, n) in (list(GPT2.items())[:2] if args.quick else GPT2.items()):
         run.gemm_set("gpt2", name, m, n, k, torch.bfloat16, [5, 6])

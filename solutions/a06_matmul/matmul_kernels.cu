@@ -216,9 +216,11 @@ matmul_v4_regblock(const float* __restrict__ A, const float* __restrict__ B,
 //     phase reads sit in 8 different bank groups (no conflicts, no padding);
 //   * tiles are visited in groups of 8 tile-rows (as in Triton's matmul) so blocks
 //     running together share A and B slices in L2.
-//   v5: 128x128 tile, warps 2x4 of 64x32 (64 fp32 accumulators per thread).
-//   v6: 128x256 tile, warps 2x4 of 64x64 (128 accumulators per thread): twice the mma
-//       work per ldmatrix of A, half the B traffic per FLOP, one block per SM.
+//   v5: 128x128 tile, K slices of 32, 4 stages (64 KB), warps 2x4 of 64x32 (64 fp32
+//       accumulators per thread, 127 registers: two blocks per SM).
+//   v6: 128x256 tile, K slices of 32, 4 stages (96 KB), warps 2x4 of 64x64 (128
+//       accumulators per thread, ~236 registers: one block per SM): twice the mma work
+//       per ldmatrix of A, half the B traffic per FLOP.
 //   Expect: hundreds of TFLOP/s; mma.sync cannot reach Hopper's wgmma peak (cuBLAS uses
 //   wgmma + TMA), so a well-fed mma.sync kernel lands around half to two thirds of it.
 // =====================================================================================
@@ -271,33 +273,38 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                  : "r"(smem_u32(p)));
 }
 
-constexpr int TC_BK = 32, TC_STAGES = 4, TC_WARPS_M = 2, TC_WARPS_N = 4, TC_THREADS = 256, TC_GROUP_M = 8;
+constexpr int TC_WARPS_M = 2, TC_WARPS_N = 4, TC_THREADS = 256, TC_GROUP_M = 8;
 
-// Swizzled element offsets of 16-byte chunk c in row r of a shared tile.
-// A tile: BM rows x 32 halves (4 chunks, 64 bytes a row): two rows share a 128-byte line,
-// so XOR the chunk with bits 1..2 of the row.  B tile: 32 rows x BN halves (BN/8 chunks):
-// XOR the chunk with the low 3 bits of the row.
-__device__ __forceinline__ int a_off(int r, int c) { return r * TC_BK + ((c ^ ((r >> 1) & 3)) << 3); }
-template <int BN>
-__device__ __forceinline__ int b_off(int r, int c) { return r * BN + ((c ^ (r & 7)) << 3); }
+// Swizzled element offset of 16-byte chunk c in row r of a shared tile with CH chunks a
+// row. ldmatrix reads one chunk from each of 8 consecutive rows; XOR-ing the chunk index
+// with the row's place in its group of 128-byte lines puts those 8 chunks in 8 different
+// bank groups. 64-byte rows (CH = 4): two rows share a line, XOR with bits 1..2 of r;
+// rows of 128 bytes or more: XOR with the low 3 bits of r.
+template <int CH>
+__device__ __forceinline__ int swz(int r, int c) {
+    constexpr int rows_per_line = CH >= 8 ? 1 : 8 / CH;
+    constexpr int mask = (CH >= 8 ? 8 : CH) - 1;
+    return r * CH * 8 + ((c ^ ((r / rows_per_line) & mask)) << 3);
+}
 
-template <int BM, int BN>
-constexpr int tc_smem_bytes() { return TC_STAGES * (BM * TC_BK + TC_BK * BN) * 2; }
+template <int BM, int BN, int BK, int STAGES>
+constexpr int tc_smem_bytes() { return STAGES * (BM * BK + BK * BN) * 2; }
 
-template <typename T, int BM, int BN, bool ALIGNED>  // ALIGNED: N % 8 == 0, K % 8 == 0, 16-byte pointers
+// ALIGNED: N % 8 == 0, K % 8 == 0 and 16-byte aligned pointers (cp.async of whole chunks).
+template <typename T, int BM, int BN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(TC_THREADS)
 matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
-    constexpr int BK = TC_BK, STAGES = TC_STAGES;
-    constexpr int WM = BM / TC_WARPS_M, WN = BN / TC_WARPS_N;
-    constexpr int MT = WM / 16, NT = WN / 8;
-    constexpr int A_CH = BK / 8, B_CH = BN / 8;  // 16-byte chunks per row
+    constexpr int WM = BM / TC_WARPS_M, WN = BN / TC_WARPS_N;  // warp tile
+    constexpr int MT = WM / 16, NT = WN / 8;                    // mma tiles per warp
+    constexpr int A_CH = BK / 8, B_CH = BN / 8;                 // 16-byte chunks per row
+    constexpr int KS = BK / 16;                                 // k16 steps per slice
     static_assert(NT % 2 == 0, "B fragments are loaded two n8 tiles at a time");
     static_assert((BM * A_CH) % TC_THREADS == 0 && (BK * B_CH) % TC_THREADS == 0, "whole chunks per thread");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* As = reinterpret_cast<T*>(smem_raw);
     T* Bs = As + STAGES * BM * BK;
 
-    // Grouped tile order: GROUP_M tile-rows are swept column by column.
+    // Grouped tile order: TC_GROUP_M tile-rows are swept column by column.
     const int grid_m = cdiv(M, BM), grid_n = cdiv(N, BN);
     const int pid = blockIdx.x;
     const int per_group = TC_GROUP_M * grid_n;
@@ -319,7 +326,7 @@ matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ 
             const int i = tid + it * TC_THREADS;
             const int r = i / A_CH, c = i % A_CH;
             const int gm = m0 + r, gk = k0 + c * 8;
-            T* dst = as + a_off(r, c);
+            T* dst = as + swz<A_CH>(r, c);
             if (ALIGNED) {
                 const bool p = gm < M && gk < K;
                 cp_async16(dst, p ? A + (size_t)gm * K + gk : A, p);
@@ -334,7 +341,7 @@ matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ 
             const int i = tid + it * TC_THREADS;
             const int r = i / B_CH, c = i % B_CH;
             const int gk = k0 + r, gn = n0 + c * 8;
-            T* dst = bs + b_off<BN>(r, c);
+            T* dst = bs + swz<B_CH>(r, c);
             if (ALIGNED) {
                 const bool p = gk < K && gn < N;
                 cp_async16(dst, p ? B + (size_t)gk * N + gn : B, p);
@@ -343,6 +350,28 @@ matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ 
                 for (int e = 0; e < 8; ++e)
                     dst[e] = (gk < K && gn + e < N) ? B[(size_t)gk * N + gn + e] : Mma<T>::from(0.f);
             }
+        }
+    };
+
+    // Fragments of one k16 step: A (MT m16 tiles, ldmatrix.x4), B (NT n8 tiles, two per
+    // ldmatrix.x4.trans since B is stored k-major).
+    uint32_t af[2][MT][4], bfr[2][NT][2];
+    auto load_frags = [&](int buf, const T* as, const T* bs, int ks) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15 -> a0..a3
+            const int r = wm * WM + mt * 16 + (lane % 16);
+            ldmatrix_x4(af[buf][mt], as + swz<A_CH>(r, ks * 2 + lane / 16));
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            // lanes 0-15: k rows 0-15 of n 0-7; lanes 16-31: k rows 0-15 of n 8-15
+            const int r = ks * 16 + (lane % 16);
+            const int c = (wn * WN + np * 16) / 8 + lane / 16;
+            uint32_t t[4];
+            ldmatrix_x4_trans(t, bs + swz<B_CH>(r, c));
+            bfr[buf][2 * np][0] = t[0]; bfr[buf][2 * np][1] = t[1];
+            bfr[buf][2 * np + 1][0] = t[2]; bfr[buf][2 * np + 1][1] = t[3];
         }
     };
 
@@ -372,29 +401,16 @@ matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ 
         }
         const T* as = As + (kt % STAGES) * BM * BK;
         const T* bs = Bs + (kt % STAGES) * BK * BN;
+        load_frags(0, as, bs, 0);
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {
-            uint32_t af[MT][4], bfr[NT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15 -> a0..a3
-                const int r = wm * WM + mt * 16 + (lane % 16);
-                ldmatrix_x4(af[mt], as + a_off(r, ks * 2 + lane / 16));
-            }
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                // lanes 0-15: k rows 0-15 of n 0-7; lanes 16-31: k rows 0-15 of n 8-15
-                const int r = ks * 16 + (lane % 16);
-                const int c = (wn * WN + np * 16) / 8 + lane / 16;
-                uint32_t t[4];
-                ldmatrix_x4_trans(t, bs + b_off<BN>(r, c));
-                bfr[2 * np][0] = t[0]; bfr[2 * np][1] = t[1];
-                bfr[2 * np + 1][0] = t[2]; bfr[2 * np + 1][1] = t[3];
-            }
+        for (int ks = 0; ks < KS; ++ks) {
+            // Fetch the next step's fragments before this step's mma: ldmatrix latency
+            // overlaps tensor-core work.
+            if (ks + 1 < KS) load_frags((ks + 1) & 1, as, bs, ks + 1);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[mt][nt], af[mt], bfr[nt]);
+                for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[mt][nt], af[ks & 1][mt], bfr[ks & 1][nt]);
         }
     }
     cp_async_wait<0>();
@@ -422,10 +438,10 @@ matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ 
     }
 }
 
-template <typename T, int BM, int BN, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, bool ALIGNED>
 cudaError_t launch_tc(const T* a, const T* b, T* c, int M, int N, int K, cudaStream_t stream) {
-    constexpr int smem = tc_smem_bytes<BM, BN>();
-    auto kernel = matmul_v5_mma<T, BM, BN, ALIGNED>;
+    constexpr int smem = tc_smem_bytes<BM, BN, BK, STAGES>();
+    auto kernel = matmul_v5_mma<T, BM, BN, BK, STAGES, ALIGNED>;
     static bool configured = false;  // raise the dynamic shared-memory limit once
     if (!configured) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -437,6 +453,10 @@ cudaError_t launch_tc(const T* a, const T* b, T* c, int M, int N, int K, cudaStr
     return cudaGetLastError();
 }
 
+// Tile shapes of the two tensor-core versions: BM, BN, BK (K slice), STAGES.
+#define A06_V5_TILE 128, 128, 32, 4
+#define A06_V6_TILE 128, 256, 32, 4
+
 template <typename T>
 cudaError_t launch_tensor_core(const void* a, const void* b, void* c, int M, int N, int K, int version,
                                bool aligned, cudaStream_t stream) {
@@ -444,10 +464,10 @@ cudaError_t launch_tensor_core(const void* a, const void* b, void* c, int M, int
     auto B = static_cast<const T*>(b);
     auto C = static_cast<T*>(c);
     if (version == 5)
-        return aligned ? launch_tc<T, 128, 128, true>(A, B, C, M, N, K, stream)
-                       : launch_tc<T, 128, 128, false>(A, B, C, M, N, K, stream);
-    return aligned ? launch_tc<T, 128, 256, true>(A, B, C, M, N, K, stream)
-                   : launch_tc<T, 128, 256, false>(A, B, C, M, N, K, stream);
+        return aligned ? launch_tc<T, A06_V5_TILE, true>(A, B, C, M, N, K, stream)
+                       : launch_tc<T, A06_V5_TILE, false>(A, B, C, M, N, K, stream);
+    return aligned ? launch_tc<T, A06_V6_TILE, true>(A, B, C, M, N, K, stream)
+                   : launch_tc<T, A06_V6_TILE, false>(A, B, C, M, N, K, stream);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
