@@ -21,8 +21,10 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Odd sizes around the vector width (4 fp32 / 8 fp16 per 16 bytes) and the block's
 # 256 threads x 4 packs; batched shapes; one GPT-2-small MLP activation.
 SHAPES = [(1,), (3,), (7,), (8,), (9,), (1023,), (4097,), (3, 5, 1001), (2, 1024, 3072), ((1 << 20) + 3,)]
-#: --use_fast_math (tanh.approx.f32, ~2^-11 relative) against the float64 reference:
-#: far above fp32's 1e-5, below bf16 storage rounding. See the handout's measurements.
+#: --use_fast_math (tanh.approx.f32) against the float64 reference. Measured on the H100:
+#: fp32 7.6e-7 relative (precise build 2.8e-8); fp16/bf16 the same as the precise build.
+#: The bound for fp32 is tanh.approx's documented worst case (2^-11 relative), not the
+#: typical error, so another GPU or driver cannot make it flaky.
 FAST_REL_TOL = {torch.float32: 1e-3, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
