@@ -208,6 +208,16 @@ def test_triton_strided_inputs(tri, layout):
         run_and_check(tri.FlashAttentionTriton.apply, q, k, v, causal, dtype)
 
 
+def test_triton_mixed_layouts(tri):
+    """q, k and v each with its own strides: contiguous, head-strided, strided last dim."""
+    b, h, nq, nk, d, dtype = 2, 2, 37, 53, 32, torch.bfloat16
+    q = randn(b, h, nq, d, dtype=dtype).requires_grad_()
+    k = randn(b, nk, h, d, dtype=dtype).transpose(1, 2).requires_grad_()
+    v = non_contiguous(randn(b, h, nk, d, dtype=dtype)).requires_grad_()
+    for causal in (False, True):
+        run_and_check(tri.FlashAttentionTriton.apply, q, k, v, causal, dtype)
+
+
 def test_triton_upstream_grad_strided(tri):
     """dO as autograd hands it over can be strided (here: from a transpose)."""
     q, k, v = qkv((2, 2), 37, 37, 32, torch.float16)

@@ -1,0 +1,69 @@
+"""Buggy variants of the stage-7 solution that the graded tests must catch.
+
+Proposed for tests/mutants/ (same Mutant format as tests/mutants/linear.py); checked on
+the CPU (Triton interpreter) with `python lectures/results/a07_mutants.py`: every one
+makes at least one graded test of tests/test_a07_flash_attention.py fail.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from mutants import Mutant  # noqa: E402
+
+S, T, P = "a07_flash_attention", "flash_triton.py", "flash_torch.py"
+MUTANTS = [
+    # ---- 7a, tiled PyTorch
+    Mutant(S, P, "7a running sum not rescaled", [("acc = acc * alpha[..., None] + p @ v", "acc = acc + p @ v")]),
+    Mutant(S, P, "7a causal mask top-left", [("s = s.masked_fill(cols > rows + shift, neg_inf)",
+                                               "s = s.masked_fill(cols > rows, neg_inf)")]),
+    Mutant(S, P, "7a L without the max", [("m_i + torch.log(l_safe), neg_inf)", "torch.log(l_safe), neg_inf)")]),
+    Mutant(S, P, "7a dK unscaled", [("dk[..., n0:n1, :] += (ds.transpose(-1, -2) @ qi) * scale",
+                                     "dk[..., n0:n1, :] += ds.transpose(-1, -2) @ qi")]),
+    Mutant(S, P, "7a D from dO only", [("delta = (do.float() * o.float()).sum(dim=-1)", "delta = do.float().sum(dim=-1)")]),
+    # ---- 7b forward
+    Mutant(S, T, "fwd acc not rescaled", [("        v = tl.load(v_ptrs + start_n * svn)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
+                                           "        v = tl.load(v_ptrs + start_n * svn)\n        acc = tl.dot(p.to(v.dtype), v, acc)")]),
+    Mutant(S, T, "fwd causal diagonal off by one", [("        qk = tl.dot(q, tl.trans(k))\n        keep = col_ok[None, :]\n        if CAUSAL:\n            keep = keep & (cols[None, :] <= offs_m[:, None] + shift)",
+                                                     "        qk = tl.dot(q, tl.trans(k))\n        keep = col_ok[None, :]\n        if CAUSAL:\n            keep = keep & (cols[None, :] < offs_m[:, None] + shift)")]),
+    Mutant(S, T, "fwd causal top-left", [("    # the ragged last key tile. Causal: query i sees keys j <= i + (N_K - N_Q).\n    shift = N_K - N_Q",
+                                          "    # the ragged last key tile. Causal: query i sees keys j <= i + (N_K - N_Q).\n    shift = 0")]),
+    Mutant(S, T, "fwd L in log2 units", [("(m_i + tl.math.log2(l_safe)) / 1.4426950408889634", "(m_i + tl.math.log2(l_safe))")]),
+    Mutant(S, T, "fwd ragged key tile unmasked", [("        hi = N_K\n        n_full = n_even\n\n    for start_n in range(0, n_full, BLOCK_N):              # full tiles, no mask",
+                                                   "        hi = N_K\n        n_full = hi\n\n    for start_n in range(0, n_full, BLOCK_N):              # full tiles, no mask")]),
+    Mutant(S, T, "fwd key row stride from q", [("    k_ptrs = K + offs_n[:, None] * skn + offs_d[None, :] * skd\n    v_ptrs = V + offs_n[:, None] * svn + offs_d[None, :] * svd\n\n    m_i",
+                                                "    k_ptrs = K + offs_n[:, None] * sqm + offs_d[None, :] * skd\n    v_ptrs = V + offs_n[:, None] * svn + offs_d[None, :] * svd\n\n    m_i")]),
+    # ---- 7b backward
+    Mutant(S, T, "D from dO only", [("delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)", "delta = tl.sum(do.to(tl.float32), 1)")]),
+    Mutant(S, T, "dK unscaled", [("    dk = dk * sm_scale\n", "")]),
+    Mutant(S, T, "dQ unscaled", [("    dq = dq * sm_scale\n", "")]),
+    Mutant(S, T, "dkdv band not masked", [("        pT = tl.where(offs_n[:, None] <= rows[None, :] + shift, pT, 0.0)\n", "")]),
+    Mutant(S, T, "dkdv skips the band", [("    for start_m in range(lo, mid, BLOCK_M):", "    for start_m in range(mid, mid, BLOCK_M):")]),
+    Mutant(S, T, "dq ignores D", [("        dp = tl.dot(do, tl.trans(v))\n        ds = p * (dp - delta[:, None])\n        dq = tl.dot(ds.to(k.dtype), k, dq)\n\n    for",
+                                   "        dp = tl.dot(do, tl.trans(v))\n        ds = p * dp\n        dq = tl.dot(ds.to(k.dtype), k, dq)\n\n    for")]),
+    Mutant(S, T, "dO strides taken from q", [("    args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)",
+                                              "    args = (*q4.stride(), *k4.stride(), *v4.stride(), *q4.stride(), H, nq, nk, sm_scale)")]),
+]
+
+if __name__ == "__main__":
+    import shutil
+    import subprocess
+    import tempfile
+    repo = Path(__file__).resolve().parents[2]
+    missed = []
+    for m in MUTANTS:
+        with tempfile.TemporaryDirectory() as tmp:
+            sub = Path(tmp) / "mutant"
+            shutil.copytree(repo / "solutions", sub, ignore=shutil.ignore_patterns("__pycache__"))
+            path = sub / m.stage / m.file
+            text = path.read_text()
+            for old, new in m.edits:
+                assert text.count(old) == 1, f"{m.id}: {old!r} occurs {text.count(old)} times"
+                text = text.replace(old, new)
+            path.write_text(text)
+            r = subprocess.run([sys.executable, "-m", "pytest", str(repo / "tests" / f"test_{m.stage}.py"), "--impl", str(sub),
+                                "-m", "graded", "-x", "-q", "-p", "no:cacheprovider"], cwd=repo, capture_output=True, text=True)
+            caught = r.returncode != 0 and " failed" in r.stdout
+            print(f"{'caught' if caught else 'MISSED'}  {m.id}: {r.stdout.strip().splitlines()[-1]}", flush=True)
+            if not caught:
+                missed.append(m.id)
+    print("missed:", missed or "none")
