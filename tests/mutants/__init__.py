@@ -28,5 +28,5 @@ def all_mutants() -> list[Mutant]:
     import pkgutil
     out = []
     for info in pkgutil.iter_modules(__path__):
-        out += importlib.import_module(f"{__name__}.{info.name}").MUTANTS
+        out += getattr(importlib.import_module(f"{__name__}.{info.name}"), "MUTANTS", [])
     return out

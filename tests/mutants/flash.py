@@ -1,14 +1,6 @@
-"""Buggy variants of the stage-7 solution that the graded tests must catch.
-
-Proposed for tests/mutants/ (same Mutant format as tests/mutants/linear.py); checked on
-the CPU (Triton interpreter) with `python lectures/results/a07_mutants.py`: every one
-makes at least one graded test of tests/test_a07_flash_attention.py fail.
-"""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from mutants import Mutant  # noqa: E402
+"""Buggy variants of stage 7 (tiled PyTorch 7a, Triton forward and backward 7b).
+Each must make at least one graded test of tests/test_a07_flash_attention.py fail."""
+from . import Mutant
 
 S, T, P = "a07_flash_attention", "flash_triton.py", "flash_torch.py"
 MUTANTS = [
@@ -43,27 +35,3 @@ MUTANTS = [
     Mutant(S, T, "dO strides taken from q", [("    args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)",
                                               "    args = (*q4.stride(), *k4.stride(), *v4.stride(), *q4.stride(), H, nq, nk, sm_scale)")]),
 ]
-
-if __name__ == "__main__":
-    import shutil
-    import subprocess
-    import tempfile
-    repo = Path(__file__).resolve().parents[2]
-    missed = []
-    for m in MUTANTS:
-        with tempfile.TemporaryDirectory() as tmp:
-            sub = Path(tmp) / "mutant"
-            shutil.copytree(repo / "solutions", sub, ignore=shutil.ignore_patterns("__pycache__"))
-            path = sub / m.stage / m.file
-            text = path.read_text()
-            for old, new in m.edits:
-                assert text.count(old) == 1, f"{m.id}: {old!r} occurs {text.count(old)} times"
-                text = text.replace(old, new)
-            path.write_text(text)
-            r = subprocess.run([sys.executable, "-m", "pytest", str(repo / "tests" / f"test_{m.stage}.py"), "--impl", str(sub),
-                                "-m", "graded", "-x", "-q", "-p", "no:cacheprovider"], cwd=repo, capture_output=True, text=True)
-            caught = r.returncode != 0 and " failed" in r.stdout
-            print(f"{'caught' if caught else 'MISSED'}  {m.id}: {r.stdout.strip().splitlines()[-1]}", flush=True)
-            if not caught:
-                missed.append(m.id)
-    print("missed:", missed or "none")
