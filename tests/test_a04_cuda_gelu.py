@@ -68,21 +68,24 @@ def test_fake_impl(mod, dtype, fast_math):
             assert y.is_contiguous(), "the op returns a contiguous tensor; the fake must say so"
 
 
-def _tiny_fake_model(mod):
+def _tiny_fake_model(mod, fast_math=False):
     cfg = GPT2Config.tiny()
     idx = torch.randint(0, cfg.vocab_size, (2, 16), device="cuda")
     model = GPT2(cfg, device=idx.device).requires_grad_(False)   # inference: no autograd
-    return mod.patch_model(model), idx, cfg
+    return mod.patch_model(model, fast_math=fast_math), idx, cfg
 
 
-def test_patched_forward_calls_op_once_per_block(mod):
-    """On fake CUDA tensors: a patched forward calls the op once per block, and no tanh."""
+@pytest.mark.parametrize("fast_math", [False, True])
+def test_patched_forward_calls_op_once_per_block(mod, fast_math):
+    """On fake CUDA tensors: a patched forward calls the op (the fast-math one when asked)
+    once per block, and no tanh."""
     with fake_cuda(), torch.no_grad():   # (autograd on fake CUDA tensors needs a CUDA build)
-        model, idx, cfg = _tiny_fake_model(mod)
+        model, idx, cfg = _tiny_fake_model(mod, fast_math)
         with trace_ops() as t:
             logits = model(idx)
     assert logits.shape == (2, 16, cfg.vocab_size)
-    assert t.count(f"{mod.NS}.fused_gelu") == cfg.n_layer, t.counts()
+    op = f"{mod.NS}.{mod.OP_NAMES[fast_math]}."    # e.g. course_solutions.fused_gelu_fast.default
+    assert t.count(op) == cfg.n_layer, f"expected {cfg.n_layer} calls of {op}*: {t.counts()}"
     assert t.count("aten.tanh", "aten.pow") == 0, "the plain-ops GELU is still in the model"
 
 

@@ -16,7 +16,7 @@ MUTANTS = [
     Mutant(S4, PY4, "fake on the CPU",
            [(FAKE, FAKE.replace(", device=x.device", ""))]),
     # ---- a04, patch_model: test_patch_model_structure, the fake forward / compile traces
-    Mutant(S4, PY4, "patch rebinds a local, model unchanged",
+    Mutant(S4, PY4, "patch rebinds a local",
            [("        mlp.act = FusedGELU(fast_math)", "        act = FusedGELU(fast_math)  # noqa: F841")]),
     Mutant(S4, PY4, "patch ignores fast_math",
            [("        mlp.act = FusedGELU(fast_math)", "        mlp.act = FusedGELU()")]),
