@@ -21,6 +21,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if b is None else y + b
 
 
+def linear_scale(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """|x| @ |weight|ᵀ + |bias|: the magnitude of the terms each output sums (for tolerances)."""
+    x, w, b = _f64(x, weight, bias)
+    y = x.abs() @ w.abs().T
+    return y if b is None else y + b.abs()
+
+
 def add_bias(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     y, b = _f64(y, b)
     return y + b

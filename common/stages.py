@@ -53,6 +53,7 @@ class Trial:
     ref: object                                 # float64 reference (tensor or tuple), computed beforehand
     tol: float                                  # relative-error tolerance
     exact: bool = False                         # compare integers exactly (counts)
+    scale: object = None                        # magnitude of the summed terms (testing.rel_error)
     forbidden_ops: tuple[str, ...] = ()
     forbidden_kernels: tuple[str, ...] = ()
 
@@ -139,7 +140,7 @@ def _a02_trials(load, rng):
         expected = ref.linear(x, w, b)
         trials.append(Trial(f"PretransposedLinear {fin}->{fout} lead={lead} {dtype}",
                             lambda w=w.clone(), b=None if b is None else b.clone(), x=x.clone(): mod.PretransposedLinear(w, b)(x),
-                            expected, REL_TOL[dtype]))
+                            expected, REL_TOL[dtype], scale=ref.linear_scale(x, w, b)))
     bias = rng.random() < 0.5
     trials.append(Trial(f"host transfers per call, bias={bias}", lambda: _count_layer(mod.PretransposedLinear, bias),
                         torch.tensor([2 if bias else 0]), 0, exact=True))
@@ -191,7 +192,7 @@ def _a03_trials(load, rng):
         expected = ref.linear(x, w, b)
         trials.append(Trial(f"FusedLinear({backend}) {fin}->{fout} lead={lead} {dtype}",
                             lambda w=w.clone(), b=b.clone(), x=x.clone(), be=backend: fl.FusedLinear(w, b, be)(x),
-                            expected, REL_TOL[dtype]))
+                            expected, REL_TOL[dtype], scale=ref.linear_scale(x, w, b)))
     trials.append(Trial("FusedLinear host transfers per call", lambda: _count_layer(fl.FusedLinear, True),
                         torch.tensor([0]), 0, exact=True))
     return trials

@@ -15,8 +15,15 @@ ELEM_TOL = {
 }
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; inf if shapes differ or out has NaN/inf."""
+def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """||out - ref|| / ||ref|| in float64; inf if shapes differ or out has NaN/inf.
+
+    ``scale`` (optional, ref's shape): the magnitude of the terms that were summed, e.g.
+    |x| @ |w|ᵀ + |b| for a linear layer (:func:`common.reference.linear_scale`). A result
+    computed in two roundings (GEMM output rounded to bf16, then the bias added) can only
+    be as accurate as those terms, so the error is measured against the larger of the two
+    norms: a single output that nearly cancels does not make a correct kernel fail.
+    """
     if tuple(out.shape) != tuple(ref.shape):
         return float("inf")
     o = out.detach().to("cpu", torch.float64)
@@ -24,6 +31,8 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     denom = r.norm().item()
+    if scale is not None:
+        denom = max(denom, scale.detach().to("cpu", torch.float64).norm().item())
     return (o - r).norm().item() / (denom if denom > 0 else 1.0)
 
 
@@ -38,11 +47,12 @@ def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | None = None,
-                 rel_tol: float | None = None, name: str = "output") -> float:
+                 rel_tol: float | None = None, name: str = "output", scale: torch.Tensor | None = None) -> float:
     """Assert ``out`` matches the (float64) reference within the dtype's tolerance.
 
     Checks shape, dtype (when given), finiteness, relative error and element-wise
     closeness. Returns the relative error. Messages say what differed and by how much.
+    ``scale``: magnitude of the summed terms (see :func:`rel_error`), used for both checks.
     """
     assert isinstance(out, torch.Tensor), f"{name}: expected a tensor, got {type(out).__name__}"
     assert tuple(out.shape) == tuple(ref.shape), (
@@ -54,12 +64,13 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | N
     r = ref.detach().to("cpu", torch.float64)
     bad = ~torch.isfinite(o)
     assert not bad.any(), f"{name}: {int(bad.sum())} of {o.numel()} elements are NaN/inf (unwritten or overflowed?)"
-    err = rel_error(o, r)
+    err = rel_error(o, r, scale)
     tol = rel_tol if rel_tol is not None else REL_TOL[dt]
     assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e} for {dt}"
     atol, rtol = ELEM_TOL[dt]
-    scale = r.abs().max().item() if r.numel() else 1.0
-    close = (o - r).abs() <= atol * max(scale, 1.0) + rtol * r.abs()
+    big = r.abs().max().item() if r.numel() else 1.0
+    mag = r.abs() if scale is None else torch.maximum(r.abs(), scale.detach().to("cpu", torch.float64))
+    close = (o - r).abs() <= atol * max(big, 1.0) + rtol * mag
     if not close.all():
         idx = (~close).nonzero()[0].tolist()
         raise AssertionError(
