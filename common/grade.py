@@ -263,10 +263,12 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
         res.message = "; ".join(x for x in (res.message, f"first failing test: {first}") if x)
     # ---- score
     ran = res.tests_passed + res.tests_failed
-    tests_frac = res.tests_passed / ran if ran else (1.0 if not run_tests else 0.0)
+    tests_frac = res.tests_passed / ran if ran else 0.0
     trials_ok = res.correctness == "pass"
-    if res.correctness == "needs a GPU":
-        correct = CORRECT_POINTS * tests_frac if ran else 0.0
+    if not run_tests:        # trials only: they carry the whole correctness score
+        correct = CORRECT_POINTS if trials_ok else 0.0
+    elif res.correctness == "needs a GPU":   # CPU machine, GPU-only stage: its CPU tests only
+        correct = CORRECT_POINTS * tests_frac
     else:
         correct = CORRECT_POINTS / 2 * tests_frac + (CORRECT_POINTS / 2 if trials_ok else 0.0)
     if res.violations:

@@ -109,6 +109,7 @@ def test_crash_and_hang_fail_only_their_stage(tmp_path):
     assert a01["correctness"] == "fail" and "crashed" in a01["message"], table
     assert a02["correctness"] == "fail" and "timed out" in a02["message"], table
     assert a03["correctness"] == "pass", table
+    assert a01["score"] == a02["score"] == 0 and a03["score"] == a03["max_score"], table  # trials alone carry the score
 
 
 @pytest.mark.parametrize("flag", ["--json"])

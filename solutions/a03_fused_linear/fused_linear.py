@@ -71,10 +71,16 @@ class FusedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight_t
-        check_tensor(x, "x", device=w.device.type, dtypes=[w.dtype], min_ndim=1)
-        if x.shape[-1] != w.shape[0]:
-            raise ValueError(f"x: expected shape [..., {w.shape[0]}] (in_features), got {tuple(x.shape)}")
-        x2 = x.reshape(-1, w.shape[0])
+        in_f = w.shape[0]
+        # One cheap test on the hot path (a small layer's GPU time is a few microseconds);
+        # the detailed checks, with their messages, run only when something is off.
+        if not isinstance(x, torch.Tensor) or x.device != w.device or x.dtype != w.dtype or x.dim() < 1 \
+                or x.shape[-1] != in_f:
+            check_tensor(x, "x", device=w.device.type, dtypes=[w.dtype], min_ndim=1)
+            if x.shape[-1] != in_f:
+                raise ValueError(f"x: expected shape [..., {in_f}] (in_features), got {tuple(x.shape)}")
+            raise ValueError(f"x: expected a tensor on {w.device}, got one on {x.device}")
+        x2 = x.reshape(-1, in_f)
         if self.bias is None:
             y = x2 @ w
         elif self.backend == "addmm":
