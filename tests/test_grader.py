@@ -118,3 +118,17 @@ def test_json_output(tmp_path, flag):
                        capture_output=True, text=True, timeout=300)
     doc = json.loads(r.stdout)
     assert doc["stages"][0]["stage"] == "a01_roundtrip_linear" and doc["total"] == doc["max"]
+
+
+def test_plots_from_gpu_numbers(tmp_path):
+    """speedup.png and roofline.png from a report's numbers (as a GPU run fills them)."""
+    from common.grade import StageResult, plots
+    ceil = {"gbps": 3000.0, "tflops": 750.0, "source": "test"}
+    rs = [StageResult("a03_fused_linear", "x", ms=0.23, baseline_ms=0.24, speedup=1.04, flops=1.6e11, bytes=2.6e8,
+                      ceilings=ceil, bound="compute", roofline_fraction=0.99),
+          StageResult("a05_triton_gelu", "y", ms=0.095, baseline_ms=0.094, speedup=0.99, flops=5.4e8, bytes=2.7e8,
+                      ceilings=ceil, bound="memory", roofline_fraction=0.95)]
+    paths = plots(rs, tmp_path)
+    assert [p.name for p in paths] == ["speedup.png", "roofline.png"]
+    assert all(p.stat().st_size > 5000 for p in paths)
+    assert plots([StageResult("a01_roundtrip_linear", "z")], tmp_path / "none") == []  # no GPU numbers, no plots
