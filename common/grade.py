@@ -300,14 +300,16 @@ def _fmt(v, spec, none="-"):
 
 def table(results: list[StageResult], impl: str, gpu: str) -> str:
     head = ["stage", "correct", "tests p/f/s", "trials", "worst err (tol)", "ms", "baseline ms", "speedup",
-            "roofline", "kernels", "H<->D", "score"]
+            "achieved", "roofline", "kernels", "H<->D", "score"]
     rows = []
     for r in results:
         err = "-" if r.worst_error is None else f"{r.worst_error:.1e} ({r.tolerance:.0e})"
         if r.ms is None:
-            perf = [r.perf_note or "-", "", "", "", "", ""]
+            perf = [r.perf_note or "-", "", "", "", "", "", ""]
         else:
-            perf = [f"{r.ms:.3f}", f"{r.baseline_ms:.3f}", f"{r.speedup:.2f}x",
+            rate = (f"{r.bytes / r.ms / 1e6:.0f} GB/s" if r.bound == "memory" else f"{r.flops / r.ms / 1e9:.0f} TFLOP/s") \
+                if r.flops and r.bytes else "-"
+            perf = [f"{r.ms:.3f}", f"{r.baseline_ms:.3f}", f"{r.speedup:.2f}x", rate,
                     f"{100 * r.roofline_fraction:.0f}% {r.bound[:3]}", str(r.kernels_per_call),
                     str(r.host_transfers_per_call)]
         rows.append([r.stage, r.correctness, f"{r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
@@ -404,7 +406,7 @@ def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool =
     return results, time.time() - t0
 
 
-def _grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages) -> int:
+def _grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages, run_tests: bool = True) -> int:
     """Grade every sub-folder of ``folder``, one process per GPU (or ``jobs`` on CPU)."""
     subs = sorted(p for p in folder.iterdir() if p.is_dir())
     import torch
@@ -425,7 +427,8 @@ def _grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages) -> i
             dest = out / sub.name
             cmd = [sys.executable, "-m", "common.grade", "--impl", str(sub), "--quiet",
                    "--results-json", str(dest / "results.json"), "--json-out", str(dest / "report.json"),
-                   "--timeout", str(timeout)] + (["--stages", ",".join(stages)] if stages else [])
+                   "--timeout", str(timeout)] + (["--stages", ",".join(stages)] if stages else []) \
+                + ([] if run_tests else ["--no-tests"])
             r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             (out / f"{sub.name}.log").write_text(r.stdout + r.stderr)
             return f"{sub.name}: exit {r.returncode}"
@@ -466,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         print(MARK + json.dumps(res, default=float), flush=True)
         return 0
     if args.submissions:
-        return _grade_many(args.submissions, args.out, args.jobs, args.timeout, stages)
+        return _grade_many(args.submissions, args.out, args.jobs, args.timeout, stages, not args.no_tests)
     import torch
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (correctness only; timing needs a GPU)"
     results, secs = grade(args.impl, stages, args.timeout, not args.no_tests, args.quiet or args.json)

@@ -132,3 +132,20 @@ def test_plots_from_gpu_numbers(tmp_path):
     assert [p.name for p in paths] == ["speedup.png", "roofline.png"]
     assert all(p.stat().st_size > 5000 for p in paths)
     assert plots([StageResult("a01_roundtrip_linear", "z")], tmp_path / "none") == []  # no GPU numbers, no plots
+
+
+def test_many_submissions(tmp_path):
+    """An instructor's batch: one results.json per submission, graded in parallel."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.copytree(REPO / "solutions", subs / "alice", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "assignments", subs / "bob", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "graded"
+    r = subprocess.run([*GRADE, "--submissions", str(subs), "--out", str(out), "--jobs", "2", "--stages", "a01",
+                        "--no-tests"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    alice = json.loads((out / "alice" / "results.json").read_text())
+    bob = json.loads((out / "bob" / "results.json").read_text())
+    _validate_gradescope(alice)
+    _validate_gradescope(bob)
+    assert alice["score"] == 10 and bob["score"] == 0, (alice, bob)
