@@ -37,6 +37,27 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 10
     return bench_cpu(fn, warmup=3, rep=max(5, int(rep_ms / 20)))
 
 
+def bench_graph(fn: Callable[[], object], *, rep_ms: float = 100) -> Timing:
+    """Median GPU time of ``fn()`` captured once in a CUDA graph and replayed.
+
+    For calls whose GPU work (microseconds) is shorter than the Python and launch work
+    that issues it, eager timing measures the host. Replaying a graph measures the GPU
+    alone (with L2 flushed between replays by do_bench).
+    """
+    import triton.testing
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median")
+    return Timing(float(ms), "cuda-graph", -1)
+
+
 def bench_cpu(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> Timing:
     for _ in range(warmup):
         fn()
