@@ -103,3 +103,14 @@ def test_untouched_stubs_fail_every_graded_test(tmp_path):
     print(f"stub run: {failed} failed, {skipped} skipped, {len(passed)} passed")
     assert failed > 0, f"no graded test failed on the stubs:\n{r.stdout[-3000:]}"
     assert not passed, f"{len(passed)} graded tests pass on the untouched stubs: {passed}"
+
+
+GIVEN = ("bench.py", "binding.cpp")
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO / "solutions")) for p in (REPO / "solutions").glob("a*/*")
+                                        if p.name in GIVEN))
+def test_given_code_is_identical(path):
+    """Benchmarks and bindings are given code: the same file in both trees."""
+    assert (REPO / "assignments" / path).read_bytes() == (REPO / "solutions" / path).read_bytes(), (
+        f"assignments/{path} and solutions/{path} differ; given code must be identical")
