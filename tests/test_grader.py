@@ -122,12 +122,14 @@ def test_json_output(tmp_path, flag):
 
 def test_plots_from_gpu_numbers(tmp_path):
     """speedup.png and roofline.png from a report's numbers (as a GPU run fills them)."""
-    from common.grade import StageResult, plots
+    from common.grade import StageResult, plots, table
     ceil = {"gbps": 3000.0, "tflops": 750.0, "source": "test"}
     rs = [StageResult("a03_fused_linear", "x", ms=0.23, baseline_ms=0.24, speedup=1.04, flops=1.6e11, bytes=2.6e8,
                       ceilings=ceil, bound="compute", roofline_fraction=0.99),
           StageResult("a05_triton_gelu", "y", ms=0.095, baseline_ms=0.094, speedup=0.99, flops=5.4e8, bytes=2.7e8,
                       ceilings=ceil, bound="memory", roofline_fraction=0.95)]
+    text = table(rs, "solutions", "test GPU")
+    assert "696 TFLOP/s" in text and "2842 GB/s" in text and "95% mem" in text, text  # achieved rate per bound
     paths = plots(rs, tmp_path)
     assert [p.name for p in paths] == ["speedup.png", "roofline.png"]
     assert all(p.stat().st_size > 5000 for p in paths)
