@@ -203,6 +203,24 @@ def _ceilings() -> dict:
 
 
 # =============================================================================== parent
+def junit_outcomes(xml: Path) -> dict:
+    """Test ids by outcome from a pytest junit report, and the first failure's message."""
+    out = {"passed": [], "failed": [], "skipped": [], "first_failure": ""}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {c.tag: c for c in case}
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if "failure" in kinds or "error" in kinds:
+            out["failed"].append(name)
+            if not out["first_failure"]:
+                msg = (kinds.get("failure", kinds.get("error")).get("message") or "").splitlines()
+                out["first_failure"] = f"{case.get('name')}: {msg[0][:200] if msg else ''}"
+        elif "skipped" in kinds:
+            out["skipped"].append(name)
+        else:
+            out["passed"].append(name)
+    return out
+
+
 def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, str]:
     test = REPO / "tests" / f"test_{folder}.py"
     if not test.exists():
@@ -217,20 +235,8 @@ def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, 
             return 0, 1, 0, f"tests timed out after {timeout:.0f} s"
         if not xml.exists():
             return 0, 1, 0, f"tests crashed: {(r.stdout + r.stderr)[-300:]}"
-        p = f = s = 0
-        first = ""
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            kinds = {c.tag: c for c in case}
-            if "failure" in kinds or "error" in kinds:
-                f += 1
-                if not first:
-                    node = kinds.get("failure", kinds.get("error"))
-                    first = f"{case.get('name')}: {(node.get('message') or '').splitlines()[0][:200]}"
-            elif "skipped" in kinds:
-                s += 1
-            else:
-                p += 1
-        return p, f, s, first
+        out = junit_outcomes(xml)
+        return len(out["passed"]), len(out["failed"]), len(out["skipped"]), out["first_failure"]
 
 
 def _run_worker(impl: Path, key: str, timeout: float) -> dict:

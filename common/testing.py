@@ -15,6 +15,16 @@ ELEM_TOL = {
 }
 
 
+def _upcast(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Both as float64 on the CPU; None if the shapes differ or out has NaN/inf."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return None
+    o = out.detach().to("cpu", torch.float64)
+    if not torch.isfinite(o).all():
+        return None
+    return o, ref.detach().to("cpu", torch.float64)
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
     """||out - ref|| / ||ref|| in float64; inf if shapes differ or out has NaN/inf.
 
@@ -24,12 +34,10 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None =
     be as accurate as those terms, so the error is measured against the larger of the two
     norms: a single output that nearly cancels does not make a correct kernel fail.
     """
-    if tuple(out.shape) != tuple(ref.shape):
+    pair = _upcast(out, ref)
+    if pair is None:
         return float("inf")
-    o = out.detach().to("cpu", torch.float64)
-    r = ref.detach().to("cpu", torch.float64)
-    if not torch.isfinite(o).all():
-        return float("inf")
+    o, r = pair
     denom = r.norm().item()
     if scale is not None:
         denom = max(denom, scale.detach().to("cpu", torch.float64).norm().item())
@@ -37,12 +45,10 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None =
 
 
 def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if tuple(out.shape) != tuple(ref.shape):
+    pair = _upcast(out, ref)
+    if pair is None:
         return float("inf")
-    o = out.detach().to("cpu", torch.float64)
-    r = ref.detach().to("cpu", torch.float64)
-    if not torch.isfinite(o).all():
-        return float("inf")
+    o, r = pair
     return (o - r).abs().max().item() if o.numel() else 0.0
 
 

@@ -6,11 +6,11 @@ import ast
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from common.grade import junit_outcomes
 from common.impl import REPO, resolve
 
 SKIP_PARTS = {"__pycache__", ".ipynb_checkpoints"}
@@ -91,15 +91,8 @@ def test_untouched_stubs_fail_every_graded_test(tmp_path):
                         "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert xml.exists(), f"the stub run produced no report:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    passed, failed, skipped = [], 0, 0
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        kinds = {child.tag for child in case}
-        if kinds & {"failure", "error"}:
-            failed += 1
-        elif "skipped" in kinds:
-            skipped += 1
-        else:
-            passed.append(f"{case.get('classname')}::{case.get('name')}")
+    out = junit_outcomes(xml)
+    passed, failed, skipped = out["passed"], len(out["failed"]), len(out["skipped"])
     print(f"stub run: {failed} failed, {skipped} skipped, {len(passed)} passed")
     assert failed > 0, f"no graded test failed on the stubs:\n{r.stdout[-3000:]}"
     assert not passed, f"{len(passed)} graded tests pass on the untouched stubs: {passed}"
