@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,8 +76,6 @@ class StageResult:
 # =============================================================================== worker
 def _worker(impl: str, stage_key: str) -> dict:
     """Runs in a subprocess: the grader's trials and (GPU) the performance case of one stage."""
-    import torch
-
     from common import HAS_CUDA, guard
     from common.impl import load as load_impl
     from common.profiling import profile, trace_ops

@@ -26,8 +26,7 @@ class Timing:
         return f"{self.median_ms:.4f} ms{label}"
 
 
-def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100,
-          flush_l2: bool = True) -> Timing:
+def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> Timing:
     """Median time of ``fn()`` in ms. GPU: CUDA events via do_bench; CPU: perf_counter."""
     if torch.cuda.is_available():
         import triton.testing

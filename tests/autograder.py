@@ -12,7 +12,6 @@ elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import common  # noqa: F401  (sets TRITON_INTERPRET before any kernel module imports triton)
