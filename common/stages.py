@@ -256,9 +256,12 @@ def _a06_trials(load, rng):
                             expected, tol, forbidden_ops=TORCH_GEMM, forbidden_kernels=BLAS_KERNELS + ATEN_KERNELS))
     if HAS_CUDA:
         cu = load("a06_matmul.matmul_cuda")
-        for version in (1, 2, 3, 4, 5, 6):   # 1-4 fp32 SIMT, 5-6 tensor cores (fp16/bf16)
+        hopper = torch.cuda.get_device_capability() == (9, 0)
+        for version in (1, 2, 3, 4, 5, 6) + ((7,) if hopper else ()):   # 1-4 fp32, 5-7 fp16/bf16
             dtype = torch.float32 if version <= 4 else rng.choice([torch.float16, torch.bfloat16])
             m, n, k = (rng.randint(1, 600) for _ in range(3))
+            if version == 7:                  # TMA: K and N multiples of 8
+                n, k = 8 * rng.randint(1, 75), 8 * rng.randint(1, 75)
             a, b = _randn(g, m, k, dtype=dtype), _randn(g, k, n, dtype=dtype)
             expected = ref.matmul(a, b)
             trials.append(Trial(f"CUDA matmul v{version} {m}x{n}x{k} {dtype}",

@@ -1,4 +1,4 @@
-"""Assignment 6: tiled matmul (CUDA versions 1-6 and an autotuned Triton kernel).
+"""Assignment 6: tiled matmul (CUDA versions 1-7 and an autotuned Triton kernel).
 
     pytest tests/test_a06_matmul.py                    # your work (assignments/)
     pytest tests/test_a06_matmul.py --impl solutions
@@ -168,10 +168,53 @@ def test_cuda_tensor_core_versions(impl, version, dtype, shape):
     _cuda_case(_cuda(impl), version, dtype, shape)
 
 
+# Version 7 (TMA + wgmma) needs K and N multiples of 8; M is free.
+V7_SHAPES = [
+    (1, 8, 8),           # the smallest problem TMA can describe
+    (17, 40, 56),        # smaller than a tile, K shorter than one slice
+    (300, 264, 136),     # partial tiles in M and N (264 = 256 + 8), ragged last K slice
+    (129, 512, 520),     # two N tiles, 9 K slices: the 4-slot ring wraps twice
+    (72, 136, 2056),     # long K: the ring wraps many times
+]
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+hopper_only = pytest.mark.skipif(not HOPPER, reason="version 7 needs an sm_90 GPU (H100/H200)")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [4, 5, 6])
+@hopper_only
+@pytest.mark.parametrize("shape", V7_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cuda_v7_wgmma(impl, dtype, shape):
+    _cuda_case(_cuda(impl), 7, dtype, shape)
+
+
+@pytest.mark.gpu
+@hopper_only
+def test_cuda_v7_refuses_what_tma_cannot_describe(impl):
+    mod = _cuda(impl)
+    _cuda_case(mod, 7, torch.bfloat16, (64, 64, 32))   # the legal neighbour works
+    a, b = randn(64, 30, dtype=torch.bfloat16, device="cuda"), randn(30, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="multiples of 8"):
+        mod.matmul(a, b, 7)
+    flat = randn(64 * 32 + 1, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        mod.matmul(flat[1:].view(64, 32), randn(32, 64, dtype=torch.bfloat16, device="cuda"), 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(HOPPER, reason="checks the message on GPUs other than sm_90")
+def test_cuda_v7_off_hopper_says_so(impl):
+    a = randn(64, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="sm_90"):
+        _cuda(impl).matmul(a, a, 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [4, 5, 6, 7])
 def test_cuda_large_and_repeatable(impl, version):
     """A size with many tiles and waves; the same inputs twice give the same bits (no race)."""
+    if version == 7 and not HOPPER:
+        pytest.skip("version 7 needs an sm_90 GPU (H100/H200)")
     mod = _cuda(impl)
     dt = torch.float32 if version == 4 else torch.bfloat16
     a, b, first = _cuda_case(mod, version, dt, (1000, 1544, 1032))
@@ -185,7 +228,7 @@ def test_cuda_bad_input(impl):
     a, b = randn(17, 40, device="cuda"), randn(40, 33, device="cuda")
     assert_close(mod.matmul(a, b, 3, out=_poisoned(17, 33, dtype=torch.float32, device="cuda")), R.matmul(a, b))
     with pytest.raises(ValueError, match="version"):
-        mod.matmul(a, b, 7)
+        mod.matmul(a, b, 8)
     with pytest.raises(TypeError, match="dtype"):
         mod.matmul(a, b, 5)                      # tensor-core versions take fp16/bf16
     with pytest.raises(TypeError, match="dtype"):
@@ -214,4 +257,4 @@ def test_cuda_sources_compile(tree):
     """nvcc (sm_90a) and the host compiler accept the kernels and the binding (no GPU needed)."""
     from common.cuda_ext import compile_check
     d = REPO / tree / STAGE
-    compile_check([d / "matmul_kernels.cu"] + ([d / "binding.cpp"] if tree == "solutions" else []))
+    compile_check([d / "matmul_kernels.cu", d / "matmul_v7_wgmma.cu"] + ([d / "binding.cpp"] if tree == "solutions" else []))

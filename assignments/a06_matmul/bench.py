@@ -86,7 +86,8 @@ mod = load("{stage}.matmul_cuda", "{impl}")
 for v in {versions}:
     print("probe", v, flush=True)
     dt = torch.float32 if v <= 4 else torch.bfloat16
-    for m, n, k in ((129, 257, 67), (1000, 1544, 1032), (1024, 1024, 1024)):
+    shapes = ((129, 264, 72) if v == 7 else (129, 257, 67), (1000, 1544, 1032), (1024, 1024, 1024))
+    for m, n, k in shapes:  # version 7 (TMA) needs K and N multiples of 8
         a = torch.randn(m, k, device="cuda").to(dt); b = torch.randn(k, n, device="cuda").to(dt)
         c = mod.matmul(a, b, v); torch.cuda.synchronize()
         ref = a.double() @ b.double()
@@ -162,6 +163,8 @@ class Runner:
             self.add(section, name, m, n, k, dtype, "Triton", _timed(lambda: self.tri.matmul(a, b)), _rel(c, ref))
         for v in versions:
             if v not in self.versions or max(m, n, k) > MAX_SIZE.get(v, 1 << 30):
+                continue
+            if v == 7 and (n % 8 or k % 8):  # TMA needs 16-byte row strides
                 continue
             out = torch.empty(m, n, device="cuda", dtype=dtype)
             c = self.cu.matmul(a, b, v, out=out)
@@ -264,21 +267,21 @@ def report(rows, out: Path, cmd: str, bad: dict[int, str], autotune_note: str, v
     s4 = "4096"
     cub16 = _get(sq, "square", s4, "bfloat16", "cuBLAS")
     md.append(floor("Triton bf16 vs cuBLAS bf16", _get(sq, "square", s4, "bfloat16", "Triton"), cub16, 0.9))
-    for v in (5, 6):
-        md.append(floor(f"CUDA v{v} (mma.sync) bf16 vs cuBLAS bf16", _get(sq, "square", s4, "bfloat16", f"CUDA v{v}"),
+    for v, how in ((5, "mma.sync"), (6, "mma.sync"), (7, "wgmma + TMA")):
+        md.append(floor(f"CUDA v{v} ({how}) bf16 vs cuBLAS bf16", _get(sq, "square", s4, "bfloat16", f"CUDA v{v}"),
                         cub16, 0.5))
     md.append(floor("CUDA v4 fp32 vs cuBLAS fp32 (TF32 off)", _get(sq, "square", s4, "float32", "CUDA v4"),
                     _get(sq, "square", s4, "float32", "cuBLAS"), 0.7))
     if bad:
         md += ["", "Skipped CUDA versions (failed their probe): " + "; ".join(f"v{v}: {w}" for v, w in bad.items())]
     for dt, imps in (("float32", ["cuBLAS", "cuBLAS tf32", "Triton tf32", "CUDA v1", "CUDA v2", "CUDA v3", "CUDA v4"]),
-                     ("bfloat16", ["cuBLAS", "Triton", "CUDA v5", "CUDA v6"])):
+                     ("bfloat16", ["cuBLAS", "Triton", "CUDA v5", "CUDA v6", "CUDA v7"])):
         rs = [r for r in sq if r["dtype"] == dt]
         if rs:
             md += ["", f"## Square sizes, {dt} (TFLOP/s; rows are M = N = K)", "", _table(rs, "shape", imps)]
     g = [r for r in rows if r["section"] == "gpt2"]
     for dt, imps in (("float32", ["cuBLAS", "cuBLAS tf32", "Triton tf32", "CUDA v4"]),
-                     ("bfloat16", ["cuBLAS", "Triton", "CUDA v5", "CUDA v6"])):
+                     ("bfloat16", ["cuBLAS", "Triton", "CUDA v5", "CUDA v6", "CUDA v7"])):
         rs = [r for r in g if r["dtype"] == dt]
         if rs:
             md += ["", f"## GPT-2 small shapes (B·T = 8192 tokens), {dt}, TFLOP/s", "", _table(rs, "shape", imps)]
@@ -390,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes, no sweep")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--versions", default="1,2,3,4,5,6", help="CUDA versions to time (comma-separated)")
+    ap.add_argument("--versions", default="1,2,3,4,5,6,7", help="CUDA versions to time (comma-separated)")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--report-only", metavar="CMD", default=None,
                     help="rebuild the .md and plots from --out's CSV (no GPU needed); CMD is the command that made it")
@@ -406,19 +409,24 @@ def main(argv: list[str] | None = None) -> None:
         report(load_csv(csv_path), out, args.report_only, {}, "")
         return
     csv_path.unlink(missing_ok=True)
-    good, bad = probe_cuda(versions) if versions else ([], {})
+    bad = {}
+    if 7 in versions and torch.cuda.get_device_capability() != (9, 0):
+        versions.remove(7)
+        bad[7] = "needs an sm_90 GPU (TMA + wgmma)"
+    good, probe_bad = probe_cuda(versions) if versions else ([], {})
+    bad.update(probe_bad)
     run = Runner(sorted(good), csv_path)
     torch.backends.cuda.matmul.allow_tf32 = False
     sizes = SQUARE_QUICK if args.quick else SQUARE
     for s in sizes:
-        run.gemm_set("square", str(s), s, s, s, torch.bfloat16, [5, 6])
+        run.gemm_set("square", str(s), s, s, s, torch.bfloat16, [5, 6, 7])
         run.gemm_set("square", str(s), s, s, s, torch.float32, [1, 2, 3, 4])
     run.fusion({"8192x768->3072": (8192, 768, 3072), "1024x768->3072": (1024, 768, 3072)})
     if not (args.quick or args.no_sweep):
         sweep = sorted(set(range(1024, 2561, 64)) | {128 * k + 8 for k in range(8, 20)} | {1793})
         run.sweep(sweep)
     for name, (m, k, n) in (list(GPT2.items())[:2] if args.quick else GPT2.items()):
-        run.gemm_set("gpt2", name, m, n, k, torch.bfloat16, [5, 6])
+        run.gemm_set("gpt2", name, m, n, k, torch.bfloat16, [5, 6, 7])
         run.gemm_set("gpt2", name, m, n, k, torch.float32, [4])
     note = "\n".join(f"{k}: {v}" for k, v in run.tri._matmul_autotuned.cache.items())
     import triton

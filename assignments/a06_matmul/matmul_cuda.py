@@ -1,4 +1,4 @@
-"""CUDA matmul versions 1-6 as a torch operator (given code: identical in both trees).
+"""CUDA matmul versions 1-7 as a torch operator (given code: identical in both trees).
 
     from assignments.a06_matmul.matmul_cuda import matmul
     c = matmul(a, b, version=4)      # a [M, K], b [K, N] contiguous CUDA tensors
@@ -6,6 +6,8 @@
 Versions (kernels in matmul_kernels.cu):
     1 naive  2 coalesced  3 shared-memory tiles  4 register blocking     (float32)
     5 tensor cores 128x128 tile  6 tensor cores 128x256 tile       (float16 / bfloat16)
+    7 Hopper: TMA + wgmma + warp specialisation (matmul_v7_wgmma.cu; float16 / bfloat16,
+      an sm_90 GPU, K and N multiples of 8)
 
 The extension is built on the first call (about a minute), never at import, and cached
 (common.cuda_ext.load_op). Each impl registers its op in its own namespace, so
@@ -22,26 +24,35 @@ from common.cuda_ext import load_op
 from common.impl import op_namespace
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "matmul_kernels.cu", HERE / "binding.cpp"]
+SOURCES = [HERE / "matmul_kernels.cu", HERE / "matmul_v7_wgmma.cu", HERE / "binding.cpp"]
 NAMESPACE = op_namespace(__name__)
 VERSIONS = {1: "naive", 2: "coalesced", 3: "smem tiling", 4: "register blocking",
-            5: "tensor cores 128x128", 6: "tensor cores 128x256"}
+            5: "tensor cores 128x128", 6: "tensor cores 128x256", 7: "wgmma + TMA (Hopper)"}
 FP32_VERSIONS = (1, 2, 3, 4)
-TENSOR_CORE_VERSIONS = (5, 6)
+TENSOR_CORE_VERSIONS = (5, 6, 7)
+
+
+def is_hopper(device=None) -> bool:
+    """True on an sm_90 GPU (H100/H200), the only one version 7 runs on."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def _op():
-    load_op("a06_matmul", SOURCES, namespace=NAMESPACE)
+    # On Hopper build for sm_90a, the target with wgmma and setmaxnreg (an -arch flag here
+    # replaces torch's own); elsewhere torch's default target, and version 7 refuses to run.
+    flags = ["-gencode=arch=compute_90a,code=sm_90a", "-DA06_SM90A"] if is_hopper() else []
+    load_op("a06_matmul", SOURCES, namespace=NAMESPACE, extra_cuda_cflags=flags)
     return getattr(torch.ops, NAMESPACE).matmul_out
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B with CUDA kernel ``version`` (1-6).
+    """C = A @ B with CUDA kernel ``version`` (1-7).
 
     a: [M, K], b: [K, N], both contiguous (row-major) CUDA tensors of one dtype:
-    float32 for versions 1-4, float16 or bfloat16 for versions 5-6 (fp32 accumulation).
-    Any M, N, K >= 0. ``out`` (optional, contiguous [M, N], same dtype) is written and returned.
-    Raises ValueError/TypeError for a bad version, device, dtype, shape or layout.
+    float32 for versions 1-4, float16 or bfloat16 for versions 5-7 (fp32 accumulation).
+    Any M, N, K >= 0 for versions 1-6; version 7 needs an sm_90 GPU and K, N multiples of 8
+    (TMA's 16-byte row strides). ``out`` (optional, contiguous [M, N], same dtype) is written
+    and returned. Raises ValueError/TypeError for a bad version, device, dtype, shape or layout.
     """
     if version not in VERSIONS:
         raise ValueError(f"version: expected one of {sorted(VERSIONS)}, got {version!r}")
@@ -52,6 +63,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor 
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"a, b: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
     m, n = a.shape[0], b.shape[1]
+    if version == 7:
+        if not is_hopper(a.device):
+            name = torch.cuda.get_device_name(a.device)
+            raise ValueError(f"version 7 uses Hopper's TMA and wgmma: it needs an sm_90 GPU (H100/H200), "
+                             f"this is {name} (sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))}); "
+                             "use version 6")
+        if a.shape[1] % 8 or n % 8:
+            raise ValueError(f"version 7 (TMA) needs K and N multiples of 8 (16-byte row strides), got "
+                             f"a {tuple(a.shape)} @ b {tuple(b.shape)}; use version 6 for these shapes")
     if out is None:
         out = torch.empty(m, n, device=a.device, dtype=a.dtype)
     else:
@@ -59,4 +79,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor 
         check_same(a, out, "a, out")
         if tuple(out.shape) != (m, n):
             raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
+    if version == 7:
+        for name, t in (("a", a), ("b", b), ("out", out)):
+            if t.data_ptr() % 16:
+                raise ValueError(f"version 7 (TMA) needs 16-byte aligned tensors; {name} starts at an offset "
+                                 f"of {t.data_ptr() % 16} bytes (a view into another tensor?): pass a copy")
     return _op()(a, b, version, out, torch.cuda.current_stream(a.device).cuda_stream)

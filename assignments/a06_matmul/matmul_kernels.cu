@@ -1,8 +1,9 @@
 // Assignment 6: tiled matrix multiplication, C[M,N] = A[M,K] @ B[K,N], all row-major.
 //
-// Six kernels, each a step up from the one before (you write the TODO bodies). Versions 1-4 are fp32 on the CUDA
-// cores (FFMA); versions 5 and 6 are fp16/bf16 on the tensor cores with fp32
-// accumulation (one kernel template, two tile shapes). Every version handles any M, N,
+// Six kernels in this file, each a step up from the one before (you write the TODO bodies). Versions 1-4
+// are fp32 on the CUDA cores (FFMA); versions 5 and 6 are fp16/bf16 on the tensor cores
+// with fp32 accumulation (one kernel template, two tile shapes). Version 7, Hopper's
+// TMA + wgmma, is in matmul_v7_wgmma.cu. Versions 1-6 handle any M, N,
 // K (sizes need not divide the tile): loads outside the matrix read zeros, stores
 // outside the matrix are skipped.
 //
@@ -246,7 +247,11 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 }  // namespace a06
 
-// dtype: 0 = float32, 1 = float16, 2 = bfloat16. Versions 1-4 take float32, 5-6 take
+// Version 7 (Hopper: TMA + wgmma + warp specialisation) lives in matmul_v7_wgmma.cu.
+cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
+                             cudaStream_t stream);
+
+// dtype: 0 = float32, 1 = float16, 2 = bfloat16. Versions 1-4 take float32, 5-7 take
 // float16/bfloat16. Returns cudaErrorInvalidValue for a bad (version, dtype) pair.
 cudaError_t launch_matmul(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
                           int version, cudaStream_t stream) {
@@ -287,6 +292,7 @@ cudaError_t launch_matmul(const void* a, const void* b, void* c, int M, int N, i
         }
         return cudaGetLastError();
     }
+    if (version == 7) return launch_matmul_v7(a, b, c, M, N, K, dtype, stream);  // matmul_v7_wgmma.cu
     if (version == 5 || version == 6) {
         const bool aligned = ptrs16 && N % 8 == 0 && K % 8 == 0;
         if (dtype == 1) return launch_tensor_core<__half>(a, b, c, M, N, K, version, aligned, stream);

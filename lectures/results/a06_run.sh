@@ -16,7 +16,7 @@ t0=$(date +%s)
 timeout ${T_BENCH:-300} $PY -m solutions.a06_matmul.bench --out "$OUT" ${BENCH_ARGS:-} >> "$OUT/bench.log" 2>&1
 echo "[a06] bench rc=$? in $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
-timeout ${T_STUB:-60} $PY -m pytest tests/test_a06_matmul.py --impl assignments -q > "$OUT/test_assignments.log" 2>&1
+timeout ${T_STUB:-240} $PY -m pytest tests/test_a06_matmul.py --impl assignments -q > "$OUT/test_assignments.log" 2>&1
 echo "[a06] stub tests rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/test_assignments.log")"
 grep -E "FAILED|ERROR" "$OUT/test_solutions.log" | head -20
 grep -A8 "^## Floors" "$OUT/a06_matmul.md" 2>/dev/null || tail -30 "$OUT/bench.log"

@@ -8,7 +8,7 @@
 // free of torch's CUDA headers, so it compiles (as a check) against a CPU-only torch.
 //
 // a [M, K] and b [K, N] are contiguous (row-major) CUDA tensors of one dtype: float32 for
-// versions 1-4, float16/bfloat16 for versions 5-6. The namespace comes from -DCOURSE_NS
+// versions 1-4, float16/bfloat16 for versions 5-7. The namespace comes from -DCOURSE_NS
 // (see common.cuda_ext.load_op), so several impls can be loaded in one process.
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
@@ -31,7 +31,7 @@ int dtype_code(const at::Tensor& t) {
 }
 
 at::Tensor& matmul_out(const at::Tensor& a, const at::Tensor& b, int64_t version, at::Tensor& out, int64_t stream) {
-    TORCH_CHECK(version >= 1 && version <= 6, "a06 matmul: version must be 1..6, got ", version);
+    TORCH_CHECK(version >= 1 && version <= 7, "a06 matmul: version must be 1..7, got ", version);
     TORCH_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "a06 matmul: a, b and out must be CUDA tensors");
     TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "a06 matmul: expected 2-D a [M, K] and b [K, N], got ",
                 a.sizes(), " and ", b.sizes());
@@ -46,7 +46,7 @@ at::Tensor& matmul_out(const at::Tensor& a, const at::Tensor& b, int64_t version
     TORCH_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "a06 matmul: sizes too large");
     const int code = dtype_code(a);
     TORCH_CHECK((version <= 4) == (code == 0),
-                "a06 matmul: versions 1-4 take float32, versions 5-6 take float16/bfloat16; got version ",
+                "a06 matmul: versions 1-4 take float32, versions 5-7 take float16/bfloat16; got version ",
                 version, " with ", a.scalar_type());
     const c10::DeviceGuard guard(a.device());
     cudaError_t err = launch_matmul(a.data_ptr(), b.data_ptr(), out.data_ptr(), (int)M, (int)N, (int)K, code,

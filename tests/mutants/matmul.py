@@ -3,7 +3,7 @@ The Triton kernel runs under the interpreter on a CPU; the CUDA versions need a 
 Every test output is NaN-poisoned, so a tile or row that is never written fails."""
 from . import Mutant
 
-S, T, CU = "a06_matmul", "matmul_triton.py", "matmul_kernels.cu"
+S, T, CU, CU7 = "a06_matmul", "matmul_triton.py", "matmul_kernels.cu", "matmul_v7_wgmma.cu"
 
 MUTANTS = [
     # ---- Triton kernel: test_triton_matmul (sizes that divide no block, several K steps)
@@ -49,4 +49,14 @@ MUTANTS = [
     Mutant(S, CU, "v5 accumulator rows 4 apart not 8",
            [("const int row = m0 + wm * WM + mt * 16 + lane / 4 + h * 8;",
              "const int row = m0 + wm * WM + mt * 16 + lane / 4 + h * 4;")], gpu=True),
+    # ---- version 7 (Hopper GPU): test_cuda_v7_wgmma
+    Mutant(S, CU7, "v7 both consumers multiply the first 64 rows of A",
+           [("smem_desc(a_tile(s) + c * 64 * BK * 2 + k * 32, 16, 1024)", "smem_desc(a_tile(s) + k * 32, 16, 1024)")],
+           gpu=True),
+    Mutant(S, CU7, "v7 B advanced by 16 half-rows per k step",
+           [("smem_desc(b_tile(s) + k * 16 * PANEL * 2, B_PANEL_BYTES, 1024)",
+             "smem_desc(b_tile(s) + k * 16 * PANEL, B_PANEL_BYTES, 1024)")], gpu=True),
+    Mutant(S, CU7, "v7 epilogue rows 4 apart not 8",
+           [("const int row = m0 + c * 64 + w * 16 + l / 4 + 8 * h;", "const int row = m0 + c * 64 + w * 16 + l / 4 + 4 * h;")],
+           gpu=True),
 ]

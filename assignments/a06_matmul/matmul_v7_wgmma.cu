@@ -1,0 +1,318 @@
+// Assignment 6, version 7: Hopper tensor cores the way cuBLAS uses them (you write the TODO body).
+//   C[M,N] = A[M,K] @ B[K,N], fp16/bf16 in, fp32 accumulate, all row-major.
+//
+// Idea: v5/v6 spend most of their issue slots feeding the tensor cores: every warp copies
+// tiles (cp.async), loads fragments (ldmatrix) and issues small mma.sync, then the whole
+// block waits at a barrier every K slice. Hopper moves all of that into hardware:
+//   * TMA (the tensor memory accelerator, `cp.async.bulk.tensor`): ONE thread asks for a
+//     whole [rows x 64] tile; the copy engine computes the addresses, zero-fills what lies
+//     outside the matrix, writes the tile already 128-byte swizzled, and counts the bytes
+//     in on an mbarrier (a shared-memory barrier with a transaction count).
+//   * wgmma (`wgmma.mma_async`): a warpgroup (4 warps, 128 threads) multiplies a 64x256x16
+//     block straight out of shared memory (no ldmatrix), asynchronously; the 64x256 fp32
+//     accumulator lives in the warpgroup's registers (128 per thread).
+//   * warp specialisation: warpgroup 0 is the producer (one thread issues TMA copies
+//     STAGES slices ahead), warpgroups 1 and 2 are consumers (64 rows of the 128x256 tile
+//     each). They talk only through two mbarriers per stage: `full` (the slice has landed)
+//     and `empty` (both consumers are done with it). No __syncthreads in the main loop.
+//     `setmaxnreg` moves registers from the producer (40) to the consumers (232).
+// Expect: about twice v6 (H100, bf16, 4096^3: 635 TFLOP/s, 89% of cuBLAS; v6 is 321).
+// cuBLAS adds clusters with TMA multicast, a persistent tile scheduler and an epilogue
+// that overlaps the next tile's loads.
+//
+// Limits (TMA's): row strides must be multiples of 16 bytes, so K % 8 == 0 and N % 8 == 0,
+// and the pointers 16-byte aligned; M is free. The Python wrapper says so for other shapes
+// (use v6). Needs an sm_90 GPU and the sm_90a build target (matmul_cuda.py passes it).
+//
+//     c = matmul(a, b, version=7)          # from assignments.a06_matmul.matmul_cuda
+#include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// wgmma and setmaxnreg exist only in the sm_90a target; other targets get a stub kernel.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define A06_HAS_WGMMA 1
+#else
+#define A06_HAS_WGMMA 0
+#endif
+
+namespace a06v7 {
+
+constexpr int BM = 128, BN = 256, BK = 64;    // block tile; BK * 2 bytes = one 128-byte row
+constexpr int STAGES = 4;                     // 4 x 48 KB of shared memory
+constexpr int CONSUMERS = 2;                  // math warpgroups, 64 rows of the tile each
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+constexpr int GROUP_M = 8;                    // grouped tile order, as in v5
+constexpr int PANEL = 64;                     // columns of B per TMA box (128 bytes)
+constexpr int A_BYTES = BM * BK * 2;          // 16 KB: [128 rows][64 k], K-major
+constexpr int B_PANEL_BYTES = BK * PANEL * 2; // 8 KB: [64 k][64 n], N-major
+constexpr int B_BYTES = BK * BN * 2;          // 32 KB: 4 panels side by side
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + slack to align to 1024 bytes
+
+// ------------------------------------------------------------------ PTX wrappers (given)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Arrive once and announce `bytes` of TMA traffic that must land before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
+// barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
+// TMA: copy the box at (x = innermost coordinate, y = row) of `map` into shared memory at
+// `dst`; completion is counted in bytes on `bar`. Outside the tensor the box is zero-filled.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+// wgmma shared-memory matrix descriptor: start address, leading/stride byte offsets (all
+// in 16-byte units), swizzle mode 1 = 128-byte swizzle (the layout TMA wrote).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+#if A06_HAS_WGMMA
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// One m64n256k16 wgmma (bf16 in, fp32 accumulate): d += A(desc_a) * B(desc_b).
+// A is K-major (row-major [M, K] tile); B is MN-major (row-major [K, N] tile): tnspB = 1.
+__device__ __forceinline__ void wgmma_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, 1, 1, 1, 0, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b));
+}
+// One m64n256k16 wgmma (f16 in, fp32 accumulate): d += A(desc_a) * B(desc_b).
+// A is K-major (row-major [M, K] tile); B is MN-major (row-major [K, N] tile): tnspB = 1.
+__device__ __forceinline__ void wgmma_f16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, 1, 1, 1, 0, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+template <typename T> struct Wgmma;
+template <> struct Wgmma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wgmma_bf16(d, a, b); }
+};
+template <> struct Wgmma<__half> {
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wgmma_f16(d, a, b); }
+};
+#endif  // A06_HAS_WGMMA
+
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void store2(__half* p, float x, float y) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+
+// ------------------------------------------------------------------------------ kernel
+template <typename T>
+__global__ void __launch_bounds__(THREADS, 1)
+matmul_v7_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                T* __restrict__ C, int M, int N, int K) {
+#if A06_HAS_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    // 128-byte swizzled tiles must start on a 1024-byte boundary.
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    auto a_tile = [&](int s) { return base + s * STAGE_BYTES; };
+    auto b_tile = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
+
+    // Grouped tile order (as v5): GROUP_M tile-rows are swept column by column.
+    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
+    const int per_group = GROUP_M * grid_n;
+    const int first_m = (blockIdx.x / per_group) * GROUP_M;
+    const int group_m = min(grid_m - first_m, GROUP_M);
+    const int m0 = (first_m + (blockIdx.x % per_group) % group_m) * BM;
+    const int n0 = ((blockIdx.x % per_group) / group_m) * BN;
+
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(smem_u32(&full[s]), 1);                    // the producer's arrive + bytes
+            mbar_init(smem_u32(&empty[s]), CONSUMERS * 128);     // every consumer thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int KT = (K + BK - 1) / BK;
+
+    // TODO(a06 v7): the producer and consumer loops and the epilogue. Outline:
+    //  * producer (wg == 0): setmaxnreg_dec<40>(); then thread t == 0 alone, for each K
+    //    slice kt: slot s = kt % STAGES, phase = (kt / STAGES) & 1; wait empty[s] for parity
+    //    phase ^ 1 (the first round passes at once); mbar_arrive_expect_tx(full[s],
+    //    STAGE_BYTES); one TMA box of A at (x = kt*BK, y = m0) into a_tile(s) and BN/PANEL
+    //    boxes of B at (x = n0 + p*PANEL, y = kt*BK) into b_tile(s) + p*B_PANEL_BYTES.
+    //  * consumers (wg 1, 2): setmaxnreg_inc<232>(); c = wg - 1 owns rows [64c, 64c+64);
+    //    float acc[128] = 0. For each kt: wait full[s] for parity phase; wgmma_fence();
+    //    for k in 0..BK/16-1: A descriptor smem_desc(a_tile(s) + c*64*BK*2 + k*32, 16, 1024),
+    //    B descriptor smem_desc(b_tile(s) + k*16*PANEL*2, B_PANEL_BYTES, 1024),
+    //    Wgmma<T>::run(acc, da, db); then wgmma_commit(); wgmma_wait<0>(); and every
+    //    consumer thread arrives on empty[s] (its count is CONSUMERS * 128).
+    //  * epilogue: thread t (warp w = t/32, lane l = t%32) holds acc[i] at row
+    //    16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2 of its 64x256 block;
+    //    store pairs with store2() where row < M and column < N (N % 8 == 0 here).
+    // END TODO(a06 v7)
+#else
+    __trap();  // built without sm_90a: launch_wgmma refuses before we get here
+#endif
+}
+
+// ------------------------------------------------------------------ host side (given)
+// cuTensorMapEncodeTiled is a driver API call; fetch it through the runtime so the
+// extension needs no -lcuda.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline EncodeTiled encode_tiled() {
+    static EncodeTiled fn = nullptr;
+    if (!fn) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess && q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<EncodeTiled>(p);
+    }
+    return fn;
+}
+
+// A 2-D row-major tensor [rows, cols] seen in boxes of [box_rows, 64] elements, 128-byte swizzled.
+inline bool make_map(CUtensorMap* map, const void* ptr, CUtensorMapDataType dt, int rows, int cols, int box_rows) {
+    EncodeTiled encode = encode_tiled();
+    if (!encode) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};   // innermost first
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2};               // bytes, dims 1..
+    const cuuint32_t box[2] = {(cuuint32_t)PANEL, (cuuint32_t)box_rows};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return encode(map, dt, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T>
+cudaError_t launch(const T* a, const T* b, T* c, int M, int N, int K, CUtensorMapDataType dt, cudaStream_t stream) {
+    CUtensorMap map_a, map_b;
+    if (!make_map(&map_a, a, dt, M, K, BM) || !make_map(&map_b, b, dt, K, N, BK)) return cudaErrorInvalidValue;
+    auto kernel = matmul_v7_wgmma<T>;
+    static bool configured = false;
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (e != cudaSuccess) return e;
+        configured = true;
+    }
+    const int blocks = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    kernel<<<blocks, THREADS, SMEM_BYTES, stream>>>(map_a, map_b, c, M, N, K);
+    return cudaGetLastError();
+}
+
+}  // namespace a06v7
+
+// dtype: 1 = float16, 2 = bfloat16. Returns cudaErrorNotSupported off Hopper (or when
+// built without sm_90a) and cudaErrorInvalidValue for shapes TMA cannot describe.
+cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
+                             cudaStream_t stream) {
+    using namespace a06v7;
+    if (M == 0 || N == 0) return cudaSuccess;
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major != 9 || minor != 0) return cudaErrorNotSupported;
+#ifndef A06_SM90A
+    return cudaErrorNotSupported;  // the kernel was compiled without the sm_90a target
+#endif
+    if (K % 8 != 0 || N % 8 != 0 || K == 0 || ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                                                reinterpret_cast<uintptr_t>(c)) & 15))
+        return cudaErrorInvalidValue;
+    if (dtype == 1)
+        return launch(static_cast<const __half*>(a), static_cast<const __half*>(b), static_cast<__half*>(c), M, N, K,
+                      CU_TENSOR_MAP_DATA_TYPE_FLOAT16, stream);
+    if (dtype == 2)
+        return launch(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
+                      static_cast<__nv_bfloat16*>(c), M, N, K, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, stream);
+    return cudaErrorInvalidValue;
+}
