@@ -36,12 +36,16 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 10
     return bench_cpu(fn, warmup=3, rep=max(5, int(rep_ms / 20)))
 
 
-def bench_graph(fn: Callable[[], object], *, rep_ms: float = 100) -> Timing:
+def bench_graph(fn: Callable[[], object], *, rep_ms: float = 100,
+                check: Callable[[object], None] | None = None) -> Timing:
     """Median GPU time of ``fn()`` captured once in a CUDA graph and replayed.
 
     For calls whose GPU work (microseconds) is shorter than the Python and launch work
     that issues it, eager timing measures the host. Replaying a graph measures the GPU
-    alone (with L2 flushed between replays by do_bench).
+    alone (with L2 flushed between replays by do_bench), so the number does not depend
+    on how busy the CPU is. ``check(out)``, if given, is called on the captured call's
+    output after one replay into NaN-filled buffers: what is timed is what it checks
+    (a call that does no work while being captured cannot pass).
     """
     import triton.testing
     side = torch.cuda.Stream()
@@ -52,7 +56,14 @@ def bench_graph(fn: Callable[[], object], *, rep_ms: float = 100) -> Timing:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        out = fn()
+    if check is not None:
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out)
     ms = triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median")
     return Timing(float(ms), "cuda-graph", -1)
 

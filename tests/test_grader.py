@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from common.impl import REPO
 
@@ -151,3 +152,24 @@ def test_many_submissions(tmp_path):
     _validate_gradescope(alice)
     _validate_gradescope(bob)
     assert alice["score"] == 10 and bob["score"] == 0, (alice, bob)
+
+
+@pytest.mark.gpu
+def test_graph_timing_checks_what_it_times():
+    """The grader times CUDA-graph replays and checks the replayed output: a call that does
+    its work only when not being captured (so the timed graph is empty) must fail."""
+    from common.timing import bench_graph
+    x = torch.randn(1 << 20, device="cuda")
+    expected = x * 2
+
+    def check(out):
+        assert torch.equal(out, expected), "the replayed call did not produce the output"
+    assert bench_graph(lambda: x * 2, check=check).median_ms > 0
+
+    def idle_when_captured():
+        return torch.empty_like(x) if torch.cuda.is_current_stream_capturing() else x * 2
+    with pytest.raises(AssertionError, match="did not produce"):
+        bench_graph(idle_when_captured, check=check)
+    cached = expected.clone()
+    with pytest.raises(AssertionError, match="did not produce"):
+        bench_graph(lambda: cached, check=check)
