@@ -107,3 +107,29 @@ def test_given_code_is_identical(path):
     """Benchmarks and bindings are given code: the same file in both trees."""
     assert (REPO / "assignments" / path).read_bytes() == (REPO / "solutions" / path).read_bytes(), (
         f"assignments/{path} and solutions/{path} differ; given code must be identical")
+
+
+def test_load_op_builds_and_hashes_once_per_process(monkeypatch, tmp_path):
+    """Wrappers call common.cuda_ext.load_op on every kernel call: after the first, it must
+    neither read the sources again nor call the builder (no GPU needed: both are stubbed)."""
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    from common import cuda_ext
+    src = tmp_path / "k.cu"
+    src.write_text("// kernel\n")
+    calls = {"load": 0, "digest": 0}
+    real_digest = cuda_ext._digest
+
+    def digest(sources, flags):
+        calls["digest"] += 1
+        return real_digest(sources, flags)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cpp, "load", lambda **kw: calls.__setitem__("load", calls["load"] + 1))
+    monkeypatch.setattr(cuda_ext, "_digest", digest)
+    monkeypatch.setattr(cuda_ext, "_LOADED", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    names = {cuda_ext.load_op("k", [src], namespace="ns_test") for _ in range(3)}
+    assert calls == {"load": 1, "digest": 1} and len(names) == 1
+    cuda_ext.load_op("k", [src], namespace="ns_test", extra_cuda_cflags=["-DX"])   # other flags: another build
+    assert calls == {"load": 2, "digest": 2}

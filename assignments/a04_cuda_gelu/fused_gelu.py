@@ -57,16 +57,11 @@ def gelu_fake(x: torch.Tensor) -> torch.Tensor:
 for _name in OP_NAMES.values():
     torch.library.register_fake(f"{NS}::{_name}", lambda x: gelu_fake(x), lib=_lib)
 
-_BUILT: set[bool] = set()
-
-
 def build(fast_math: bool = False) -> None:
-    """Build (first time on a machine: about a minute) or load the CUDA extension."""
-    if fast_math in _BUILT:
-        return
+    """Build (first time on a machine: about a minute) or load the CUDA extension; after
+    the first call in a process, a dictionary lookup (common.cuda_ext.load_op)."""
     load_op("a04_cuda_gelu_fast" if fast_math else "a04_cuda_gelu", SOURCES, namespace=NS,
             extra_cuda_cflags=("-DCOURSE_GELU_FAST_MATH",) if fast_math else (), fast_math=fast_math)
-    _BUILT.add(fast_math)
 
 
 def op(fast_math: bool = False):
