@@ -17,3 +17,8 @@ if not HAS_CUDA:
 #: Where kernels run: "cuda" on a GPU machine, "cpu" under the Triton interpreter.
 DEVICE: str = "cuda" if HAS_CUDA else "cpu"
 TRITON_INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def is_hopper(device=None) -> bool:
+    """True on an sm_90 GPU (H100/H200): the chips with TMA and wgmma (matmul version 7)."""
+    return HAS_CUDA and torch.cuda.get_device_capability(device) == (9, 0)

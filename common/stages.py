@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import DEVICE, HAS_CUDA
+from . import DEVICE, HAS_CUDA, is_hopper
 from . import reference as ref
 from .profiling import fake_cuda, trace_ops
 from .roofline import attention_flops, elementwise_bytes, matmul_bytes, matmul_flops
@@ -256,8 +256,7 @@ def _a06_trials(load, rng):
                             expected, tol, forbidden_ops=TORCH_GEMM, forbidden_kernels=BLAS_KERNELS + ATEN_KERNELS))
     if HAS_CUDA:
         cu = load("a06_matmul.matmul_cuda")
-        hopper = torch.cuda.get_device_capability() == (9, 0)
-        for version in (1, 2, 3, 4, 5, 6) + ((7,) if hopper else ()):   # 1-4 fp32, 5-7 fp16/bf16
+        for version in (1, 2, 3, 4, 5, 6) + ((7,) if is_hopper() else ()):   # 1-4 fp32, 5-7 fp16/bf16
             dtype = torch.float32 if version <= 4 else rng.choice([torch.float16, torch.bfloat16])
             m, n, k = (rng.randint(1, 600) for _ in range(3))
             if version == 7:                  # TMA: K and N multiples of 8

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common import DEVICE, HAS_CUDA, TRITON_INTERPRET
+from common import DEVICE, HAS_CUDA, TRITON_INTERPRET, is_hopper
 from common import reference as R
 from common.impl import REPO
 from common.testing import assert_close, non_contiguous, randn, rel_error
@@ -176,7 +176,7 @@ V7_SHAPES = [
     (129, 512, 520),     # two N tiles, 9 K slices: the 4-slot ring wraps twice
     (72, 136, 2056),     # long K: the ring wraps many times
 ]
-HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+HOPPER = is_hopper()
 hopper_only = pytest.mark.skipif(not HOPPER, reason="version 7 needs an sm_90 GPU (H100/H200)")
 
 

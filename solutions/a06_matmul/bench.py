@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from common import is_hopper
 from common.impl import REPO
 
 PKG = (__spec__.name if __spec__ else __name__).rsplit(".", 1)[0]  # e.g. "solutions.a06_matmul"
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     csv_path.unlink(missing_ok=True)
     bad = {}
-    if 7 in versions and torch.cuda.get_device_capability() != (9, 0):
+    if 7 in versions and not is_hopper():
         versions.remove(7)
         bad[7] = "needs an sm_90 GPU (TMA + wgmma)"
     good, probe_bad = probe_cuda(versions) if versions else ([], {})

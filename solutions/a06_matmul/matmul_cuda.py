@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from common import is_hopper  # version 7 runs on sm_90 only
 from common.checks import check_same, check_tensor
 from common.cuda_ext import load_op
 from common.impl import op_namespace
@@ -30,11 +31,6 @@ VERSIONS = {1: "naive", 2: "coalesced", 3: "smem tiling", 4: "register blocking"
             5: "tensor cores 128x128", 6: "tensor cores 128x256", 7: "wgmma + TMA (Hopper)"}
 FP32_VERSIONS = (1, 2, 3, 4)
 TENSOR_CORE_VERSIONS = (5, 6, 7)
-
-
-def is_hopper(device=None) -> bool:
-    """True on an sm_90 GPU (H100/H200), the only one version 7 runs on."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def _op():
