@@ -183,8 +183,13 @@ def _new(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O [..., Nq, d] in q's dtype, L [..., Nq] fp32) with kernel 1."""
+                      is_causal: bool, *, allow_tf32: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [..., Nq, d] in q's dtype, L [..., Nq] fp32) with kernel 1.
+
+    ``allow_tf32=False`` compiles kernel 1 with IEEE fp32 dots for fp32 inputs (Triton's
+    default for an fp32 ``tl.dot`` on a GPU is TF32, ~3e-4 relative): stage 8 uses it to
+    match transformers' fp32 GPT-2 token for token. No effect on 16-bit inputs.
+    """
     check_inputs(q, k, v)
     q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
     Z, H, nq, d = q4.shape
@@ -194,6 +199,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o4 = _as4d(o)
     kernel, cfg = _kernel(_attn_fwd, "fwd", d)
     grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
+    if q.dtype == torch.float32 and not allow_tf32 and not TRITON_INTERPRET:
+        # A compile option: with TF32 not allowed, tl.dot's default precision for fp32 is IEEE
+        # (and the option is part of the compiled kernel's cache key). The interpreter is IEEE anyway.
+        cfg["allowed_dot_input_precisions"] = ("ieee",)
     kernel[grid](q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
                  H, nq, nk, LOG2E / math.sqrt(d), HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
     return o, lse

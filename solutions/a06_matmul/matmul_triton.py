@@ -42,16 +42,29 @@ def _configs() -> list[triton.Config]:
         (128, 64, 64, 4, 4), (64, 64, 64, 4, 4),
     ]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for m, n, k, w, s in shapes]
+            for m, n, k, w, s in shapes + list(_SKINNY)]
+
+
+#: Few rows (M <= 64: a decode step's B tokens): the GEMM is a weight read. Short, wide-K tiles give
+#: more programs over N and more bytes in flight per program (stage 8 decodes with these).
+_SKINNY = {(16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 4),
+           (64, 64, 128, 4, 3), (64, 128, 64, 4, 4)}
+
+
+def _shape(c: triton.Config) -> tuple[int, int, int, int, int]:
+    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages
 
 
 def _prune(configs, named_args, **kwargs):
     """Drop configs whose pipeline does not fit in shared memory (fp32 tiles are twice as big);
-    16-bit inputs keep the BLOCK_K = 64 configs only (fewer compiles while autotuning)."""
+    M <= 64 tries the skinny set only, larger M the square set; 16-bit inputs keep the
+    BLOCK_K = 64 square configs only (fewer compiles while autotuning)."""
     size = named_args["a_ptr"].element_size()
+    skinny = named_args["M"] <= 64
     keep = [c for c in configs
             if c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size <= _SMEM_LIMIT
-            and (size == 4 or c.kwargs["BLOCK_K"] == 64)]  # 16-bit: K slices of 64 (128 bytes a row)
+            and (_shape(c) in _SKINNY) == skinny
+            and (skinny or size == 4 or c.kwargs["BLOCK_K"] == 64)]  # 16-bit: K slices of 64 (128 bytes a row)
     return keep or configs[-1:]
 
 

@@ -1,0 +1,116 @@
+"""Assignment 8, kernel 1: LayerNorm with the residual add fused in, in Triton.
+
+    from solutions.a08_gpt2_inference.layernorm import add_layernorm, layernorm
+    h, y = add_layernorm(x, residual, weight, bias)   # h = x + residual;  y = LayerNorm(h)
+    y = layernorm(x, weight, bias)
+
+GPT-2 adds each sub-layer's output to the residual stream and normalises the sum for the
+next sub-layer: ``h = h + attn(...)``, then ``ln_2(h)``. Unfused, that is an add kernel
+(read 2 rows, write 1) and a LayerNorm kernel (read 1, write 1). Fused, one program per
+row reads x and the residual once, writes the new residual h (the next add needs it) and
+y: 4 row-passes of memory instead of 5, and one launch instead of two. In decode, with
+one token per sequence, the launch is what costs, not the bytes.
+
+One program normalises one row of C (C = n_embd <= BLOCK_C, one block holds the row):
+  1. h = x + residual in fp32, rounded to the output dtype (that is what the residual
+     stream stores, and what the unfused model normalises);
+  2. mean and biased variance (divide by C, as torch.nn.LayerNorm) in fp32;
+  3. y = (h - mean) / sqrt(var + eps) * weight + bias, one cast, one store.
+
+Run: ``pytest tests/test_a08_gpt2_inference.py -k layernorm`` (CPU: the interpreter).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from common.checks import check_same, check_tensor
+
+
+@triton.jit
+def _add_layernorm_kernel(X, R, H, Y, W, B, stride_x, stride_r, stride_h, stride_y, C, eps,
+                          HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One row: H = X + R (if HAS_RESIDUAL), Y = LayerNorm(H) * W + B. Rows are strided
+    (stride_*), columns contiguous; statistics in fp32; biased variance (divide by C)."""
+    # TODO(a08): kernel 1 (fused residual add + LayerNorm). Program `row` handles one row of C
+    #   elements (cols = tl.arange(0, BLOCK_C), masked to cols < C; BLOCK_C >= C is a power of 2).
+    #   1. h = X[row] (+ R[row] if HAS_RESIDUAL) in fp32. With a residual, store h to H[row] in
+    #      H's dtype, and normalise that rounded value (what the residual stream holds).
+    #   2. mean = sum(h) / C; var = sum((h - mean)^2) / C over the C real columns only (biased,
+    #      as torch.nn.LayerNorm: divide by C, not C - 1; padding columns must add nothing).
+    #   3. Y[row] = (h - mean) / sqrt(var + eps) * W + B, cast to Y's dtype.
+    #   Row r of a tensor T starts at T + r * stride_t (use int64 offsets); columns are contiguous.
+    pass
+
+
+# ==================================================================== launch (given)
+def _rows(t: torch.Tensor, c: int) -> torch.Tensor:
+    """[..., C] -> [rows, C] as a view when the rows have one stride and columns are dense."""
+    t2 = t.reshape(-1, c)          # a view when the leading dims collapse, else a copy
+    return t2 if t2.stride(1) == 1 else t2.contiguous()
+
+
+def _launch(x, residual, weight, bias, eps, out, h_out):
+    check_tensor(x, "x", min_ndim=1)
+    c = x.shape[-1]
+    check_tensor(weight, "weight", ndim=1)
+    check_tensor(bias, "bias", ndim=1)
+    for name, p in (("weight", weight), ("bias", bias)):
+        check_same(x, p, f"x, {name}", dtype=False)
+        if p.shape[0] != c:
+            raise ValueError(f"{name}: expected shape ({c},) to match x's last dim, got {tuple(p.shape)}")
+        if p.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous vector, got stride {p.stride(0)}")
+    if residual is not None:
+        check_tensor(residual, "residual")
+        check_same(x, residual, "x, residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual: expected x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    block = triton.next_power_of_2(max(c, 1))
+    if block > 8192:
+        raise ValueError(f"x: rows of {c} elements; this kernel holds a row in one block (at most 8192)")
+
+    def new(given, name):
+        if given is None:
+            return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        check_tensor(given, name, dtypes=(x.dtype,), contiguous=True)
+        if given.shape != x.shape:
+            raise ValueError(f"{name}: expected shape {tuple(x.shape)}, got {tuple(given.shape)}")
+        return given
+
+    y = new(out, "out")
+    h = new(h_out, "h_out") if residual is not None else None
+    rows = x.numel() // c if c else 0
+    if rows == 0:
+        return h, y
+    x2, y2 = _rows(x, c), y.view(-1, c)
+    r2 = _rows(residual, c) if residual is not None else x2
+    h2 = h.view(-1, c) if h is not None else y2
+    warps = 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+    _add_layernorm_kernel[(rows,)](x2, r2, h2, y2, weight, bias, x2.stride(0), r2.stride(0), h2.stride(0),
+                                   y2.stride(0), c, float(eps), HAS_RESIDUAL=residual is not None,
+                                   BLOCK_C=block, num_warps=warps)
+    return h, y
+
+
+def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                  eps: float = 1e-5, *, out: torch.Tensor | None = None,
+                  h_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` and ``y = LayerNorm(h) * weight + bias`` in one kernel.
+
+    x, residual: [..., C], same shape, dtype (fp32/fp16/bf16) and device (the kernel device);
+    any leading dims and strides (rows that are not one strided view are copied first).
+    weight, bias: [C], contiguous, any float dtype. Statistics in fp32, variance biased
+    (divided by C, as ``torch.nn.LayerNorm``); ``y`` normalises ``h`` as stored in x's dtype.
+    Returns new contiguous (h, y) in x's dtype, or writes the given ``h_out`` / ``out``.
+    """
+    if residual is None:
+        raise ValueError("residual: expected a tensor (use layernorm() for no residual)")
+    return _launch(x, residual, weight, bias, eps, out, h_out)
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, *,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """``LayerNorm(x) * weight + bias`` over the last dim (the same kernel, no residual)."""
+    return _launch(x, None, weight, bias, eps, out, None)[1]

@@ -1,0 +1,195 @@
+"""Assignment 8, kernel 2: decode attention against a KV cache (flash-decoding), in Triton.
+
+    from solutions.a08_gpt2_inference.decode_attention import decode_attention
+    o = decode_attention(q, k_cache, v_cache, lengths)   # q [B, H, d]; caches [B, H, S_max, d]
+
+In decode every sequence brings ONE new query per head, and it attends to all the keys
+in the cache. Stage 7's forward parallelises over query tiles: here there is one query,
+so one program per (sequence, head) would leave most of the GPU idle at batch 1
+(GPT-2 small: 12 programs on 132 SMs) while it walks the whole cache alone. Flash-
+decoding splits the KEYS instead:
+
+  1. _decode_split    program (split, b·h): the keys [start, end) of its slice of the
+                      sequence's own length; online softmax over them in BLOCK_N chunks
+                      (fp32, exp2 domain); writes the slice's normalised partial output
+                      O_s and its logsumexp L_s (log2 units; -inf for an empty slice).
+                      With one split it writes the final output directly.
+  2. _decode_combine  program b·h: O = sum_s 2^(L_s - L) O_s with L = log2 sum_s 2^L_s.
+
+``lengths[b]`` is the number of valid cache positions of sequence b (the new token's key
+included): a batch of prompts of different lengths decodes together, and slots past a
+sequence's length (padding, stale values) are never read. The number of splits depends
+only on shapes (B·H and S_max), never on the lengths' values, so a decode step has
+static shapes and no host synchronisation: it can be captured in a CUDA graph.
+
+Run: ``pytest tests/test_a08_gpt2_inference.py -k decode_attention``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from common import TRITON_INTERPRET
+from common.checks import FLOAT_DTYPES, check_same, check_tensor
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
+                  sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
+                  H, qk_scale,
+                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (split, b·h). Keys of sequence b: positions [0, LENS[b]); this split takes the
+    slice [split·per, min((split+1)·per, LENS[b])) with per = cdiv(cdiv(LENS[b], NUM_SPLITS),
+    BLOCK_N)·BLOCK_N. qk_scale = log2(e)/sqrt(d). Partial results: O_PART[b·h, split, :]
+    (normalised, fp32) and L_PART[b·h, split] (log2-sum-exp2 of the scaled scores, -inf if the
+    slice is empty). NUM_SPLITS == 1: write O[b, h, :] (out dtype) directly instead.
+    The last dim of every tensor is contiguous (stride 1)."""
+    # TODO(a08): kernel 2a (one split of the keys)
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    length = tl.load(LENS + b)
+    per = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per
+    end = tl.minimum(start + per, length)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + offs_d).to(tl.float32) * qk_scale
+    k_base = K + b.to(tl.int64) * skb + h.to(tl.int64) * skh
+    v_base = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh
+
+    m_i = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)   # scalar -inf
+    l_i = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)                  # scalar 0
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + offs_n
+        ok = cols < end
+        k = tl.load(k_base + cols[:, None].to(tl.int64) * skn + offs_d[None, :], mask=ok[:, None], other=0.0)
+        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)                  # [BLOCK_N], log2 units
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))                         # finite: ok has a True
+        p = tl.math.exp2(s - m_new)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        v = tl.load(v_base + cols[:, None].to(tl.int64) * svn + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)
+    if NUM_SPLITS == 1:
+        tl.store(O + b.to(tl.int64) * sob + h * soh + offs_d, out.to(O.dtype.element_ty))
+    else:
+        part = bh.to(tl.int64) * NUM_SPLITS + split
+        tl.store(O_PART + part * HEAD_DIM + offs_d, out)
+        tl.store(L_PART + part, tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf")))
+    # END TODO(a08)
+
+
+@triton.jit
+def _decode_combine(O_PART, L_PART, O, sob, soh, H,
+                    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Program b·h: O[b, h, :] = sum_s 2^(L_s - L) · O_PART[b·h, s, :], L = log2 sum_s 2^L_s,
+    over the NUM_SPLITS partial results (SPLITS_P2: NUM_SPLITS rounded up to a power of 2).
+    Empty splits have L_s = -inf and weigh nothing; split 0 is never empty."""
+    # TODO(a08): kernel 2b (combine the splits by their logsumexp)
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    s = tl.arange(0, SPLITS_P2)
+    s_ok = s < NUM_SPLITS
+    base = bh.to(tl.int64) * NUM_SPLITS
+    lse = tl.load(L_PART + base + s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.math.exp2(lse - m)                                              # 0 for empty splits
+    offs_d = tl.arange(0, HEAD_DIM)
+    o = tl.load(O_PART + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & (w[:, None] > 0),
+                other=0.0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)
+    tl.store(O + b.to(tl.int64) * sob + h * soh + offs_d, out.to(O.dtype.element_ty))
+    # END TODO(a08)
+
+
+# ==================================================================== launch (given)
+HEAD_DIMS = (16, 32, 64, 128)
+#: Keys per inner step: the interpreter is fastest with few, large steps; on a GPU 64 keys x d
+#: fp16 is a 8 KB tile per load, enough bytes in flight per program.
+BLOCK_N = 16 if TRITON_INTERPRET else 64
+
+
+def num_splits(batch_heads: int, max_seq_len: int, *, block_n: int = BLOCK_N) -> int:
+    """How many programs share one (sequence, head): enough to give every SM ~4 programs,
+    never a slice shorter than one BLOCK_N chunk. Depends on shapes only (graph-safe)."""
+    if TRITON_INTERPRET:
+        sms = 4
+    else:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    want = triton.cdiv(4 * sms, max(batch_heads, 1))
+    return int(max(1, min(want, triton.cdiv(max_seq_len, block_n), 64)))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, *,
+                     splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q·kᵀ/sqrt(d)) v for one new query per (sequence, head), against a KV cache.
+
+    q: [B, H, d] (any strides with the last dim contiguous, e.g. a view of the fused QKV
+    output); k_cache, v_cache: [B, H, S_max, d], last dim contiguous; all one float dtype
+    (fp32/fp16/bf16) on the kernel device. lengths: int32 [B] on the same device, the
+    number of valid keys of each sequence, 1 <= lengths[b] <= S_max (not checked on the
+    host: reading it would synchronise; positions >= lengths[b] are never read).
+    Returns [B, H, d] in q's dtype (or writes ``out``, contiguous, that shape and dtype).
+    ``splits`` forces the number of key slices per (sequence, head) (default: num_splits()).
+    Accumulates in fp32; no host synchronisation (capturable in a CUDA graph).
+    """
+    check_tensor(q, "q", dtypes=FLOAT_DTYPES, ndim=3)
+    check_tensor(k_cache, "k_cache", dtypes=FLOAT_DTYPES, ndim=4)
+    check_tensor(v_cache, "v_cache", dtypes=FLOAT_DTYPES, ndim=4)
+    check_tensor(lengths, "lengths", dtypes=(torch.int32,), ndim=1)
+    check_same(q, k_cache, "q, k_cache")
+    check_same(q, v_cache, "q, v_cache")
+    check_same(q, lengths, "q, lengths", dtype=False)
+    b, h, d = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.shape[0] != b or k_cache.shape[1] != h or k_cache.shape[3] != d:
+        raise ValueError(f"k_cache: expected [B={b}, H={h}, S_max, d={d}] to match q {tuple(q.shape)}, "
+                         f"got {tuple(k_cache.shape)}")
+    if lengths.shape[0] != b:
+        raise ValueError(f"lengths: expected one length per sequence ({b},), got {tuple(lengths.shape)}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dim d={d} is not supported; expected one of {HEAD_DIMS}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
+    s_max = k_cache.shape[2]
+    if out is None:
+        out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    else:
+        check_tensor(out, "out", dtypes=(q.dtype,), contiguous=True)
+        if tuple(out.shape) != (b, h, d):
+            raise ValueError(f"out: expected shape {(b, h, d)}, got {tuple(out.shape)}")
+    if b == 0 or h == 0:
+        return out
+    n = splits if splits is not None else num_splits(b * h, s_max)
+    if n < 1:
+        raise ValueError(f"splits: expected >= 1, got {n}")
+    if n > 1:
+        o_part = torch.empty((b * h, n, d), dtype=torch.float32, device=q.device)
+        l_part = torch.empty((b * h, n), dtype=torch.float32, device=q.device)
+    else:
+        o_part = l_part = out          # unused
+    _decode_split[(n, b * h)](q, k_cache, v_cache, lengths, out, o_part, l_part,
+                              q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+                              h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
+                              num_warps=4 if d >= 64 else 2)
+    if n > 1:
+        _decode_combine[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
+                                  NUM_SPLITS=n, SPLITS_P2=triton.next_power_of_2(n), HEAD_DIM=d, num_warps=1)
+    return out

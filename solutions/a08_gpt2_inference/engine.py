@@ -1,0 +1,300 @@
+"""Assignment 8, the capstone: GPT-2 inference on your own kernels, against transformers.
+
+    from transformers import GPT2LMHeadModel
+    from solutions.a08_gpt2_inference.engine import GPT2Engine
+    hf = GPT2LMHeadModel.from_pretrained("gpt2")            # or GPT2LMHeadModel(GPT2Config(...))
+    engine = GPT2Engine.from_hf(hf, dtype=torch.bfloat16, max_batch=8, max_seq_len=1024)
+    new_tokens = engine.generate([prompt_a, prompt_b], max_new_tokens=64)   # greedy, [B, 64]
+
+Inference has two phases, and they want different kernels:
+
+* **prefill**: the whole prompt at once, T tokens per sequence. Every matmul has
+  B·T rows: compute-bound, the stage-6 tiled matmul and the stage-7 flash attention
+  are the right tools. Prefill also writes every prompt token's K and V into the cache.
+* **decode**: ONE new token per sequence per step. A matmul has B rows, so it reads
+  each weight once to do a few FLOPs per byte: memory-bound (the roofline is "read
+  every weight and the whole cache once per step"). Attention is one query against
+  the cache: the flash-decoding kernel (decode_attention.py). And at batch 1 the GPU
+  work per step is tens of microseconds spread over ~100 kernels, so launching them
+  from Python costs more than running them: the step is captured in a CUDA graph once
+  and replayed (``generate(..., cuda_graph=True)``, the default on a GPU).
+
+The engine is built only from the course's kernels, each loaded from the SAME tree
+as this file (your a06 matmul and a07 flash attention when you work in assignments/):
+
+  per block   h, y = add_layernorm(attn_out, h, ln_1 / ln_2)        a08 kernel 1 (residual fused)
+              qkv  = matmul(y, W_attn, b_attn)                       a06 Triton matmul, bias epilogue
+              write_kv(qkv -> cache)                                 a08 kernel 3
+              prefill: flash attention forward, causal               a07 kernel 1
+              decode:  decode_attention(q, cache, lengths)           a08 kernel 2
+              a    = matmul(attn, W_proj, b_proj)
+              m    = matmul(y, W_fc, b_fc, activation="gelu_tanh")   a06, GELU epilogue
+              m    = matmul(m, W_fc_proj, b_fc_proj)
+  LM head     logits = matmul(ln_f(h), wteᵀ)                         tied weights, no copy
+
+Batches of prompts with different lengths are right-padded to the longest: causal
+attention keeps every real token from seeing the padding after it, each sequence's
+logits are read at its own last token, and from then on ``lengths[b]`` tells decode
+attention how many cache positions of sequence b are real. Generation is greedy and
+stops after ``max_new_tokens`` (no end-of-text stop: every sequence gets that many).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from common import DEVICE, TRITON_INTERPRET
+from common.checks import FLOAT_DTYPES
+
+from ..a06_matmul.matmul_triton import matmul
+from ..a07_flash_attention.flash_triton import attention_forward
+from .decode_attention import decode_attention
+from .kv_cache import KVCache, write_kv
+from .layernorm import add_layernorm
+
+
+#: Under the CPU interpreter every program costs milliseconds of Python: wide tiles, few programs.
+#: On a GPU: None, the a06 autotuner picks tiles per (M, N, K).
+_INTERPRETER_TILES = (16, 256, 64, 4, 1) if TRITON_INTERPRET else None
+
+
+@dataclass
+class Layer:
+    """One transformer block's weights, in GPT-2's Conv1D layout: W is [in, out], y = x @ W + b."""
+    ln_1_w: torch.Tensor
+    ln_1_b: torch.Tensor
+    attn_w: torch.Tensor      # [C, 3C]  (c_attn: q | k | v)
+    attn_b: torch.Tensor
+    proj_w: torch.Tensor      # [C, C]   (attn.c_proj)
+    proj_b: torch.Tensor
+    ln_2_w: torch.Tensor
+    ln_2_b: torch.Tensor
+    fc_w: torch.Tensor        # [C, 4C]  (mlp.c_fc)
+    fc_b: torch.Tensor
+    fc_proj_w: torch.Tensor   # [4C, C]  (mlp.c_proj)
+    fc_proj_b: torch.Tensor
+
+
+class GPT2Engine:
+    """Greedy GPT-2 generation with a static KV cache, on the course's kernels."""
+
+    def __init__(self, layers: list[Layer], wte: torch.Tensor, wpe: torch.Tensor, ln_f_w: torch.Tensor,
+                 ln_f_b: torch.Tensor, *, n_head: int, eps: float, max_batch: int, max_seq_len: int):
+        self.layers, self.wte, self.wpe, self.ln_f_w, self.ln_f_b = layers, wte, wpe, ln_f_w, ln_f_b
+        self.n_layer, self.n_head, self.eps = len(layers), n_head, eps
+        self.vocab_size, self.n_embd = wte.shape
+        self.head_dim = self.n_embd // n_head
+        self.dtype, self.device = wte.dtype, wte.device
+        if max_seq_len > wpe.shape[0]:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's {wpe.shape[0]} positions")
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.cache = KVCache(self.n_layer, max_batch, n_head, self.head_dim, max_seq_len, self.dtype, self.device)
+        self.batch = 0                   # sequences in flight (set by prefill)
+        self._graphs: dict[int, tuple] = {}
+        # fp32 runs compare token for token with transformers' fp32 (cuBLAS without TF32): keep
+        # every dot in IEEE fp32 then. 16-bit inputs use the tensor cores as usual.
+        self._tf32 = False
+
+    # ------------------------------------------------------------------ loading (given)
+    @classmethod
+    def from_hf(cls, model, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                max_batch: int = 1, max_seq_len: int | None = None) -> GPT2Engine:
+        """Take the weights of a transformers ``GPT2LMHeadModel`` (any size, random or pretrained).
+
+        dtype: fp32/fp16/bf16 (default: the model's); device: default the kernel device
+        (``common.DEVICE``); max_batch, max_seq_len: the KV cache's size (max_seq_len
+        defaults to the model's n_positions). The weights are copied; the model is untouched.
+        """
+        cfg = model.config
+        problems = []
+        if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            problems.append(f"activation_function={cfg.activation_function!r} (the kernels compute GELU-tanh)")
+        if not getattr(cfg, "scale_attn_weights", True) or getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
+            problems.append("attention scaling other than 1/sqrt(d)")
+        if getattr(cfg, "add_cross_attention", False):
+            problems.append("cross-attention")
+        if problems:
+            raise ValueError(f"from_hf: this GPT-2 config is not supported: {'; '.join(problems)}")
+        tr = model.transformer
+        dtype = dtype or tr.wte.weight.dtype
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype: expected one of {FLOAT_DTYPES}, got {dtype}")
+        device = device or DEVICE
+
+        def w(t):
+            return t.detach().to(device=device, dtype=dtype).contiguous()
+
+        layers = [Layer(w(b.ln_1.weight), w(b.ln_1.bias), w(b.attn.c_attn.weight), w(b.attn.c_attn.bias),
+                        w(b.attn.c_proj.weight), w(b.attn.c_proj.bias), w(b.ln_2.weight), w(b.ln_2.bias),
+                        w(b.mlp.c_fc.weight), w(b.mlp.c_fc.bias), w(b.mlp.c_proj.weight), w(b.mlp.c_proj.bias))
+                  for b in tr.h]
+        return cls(layers, w(tr.wte.weight), w(tr.wpe.weight), w(tr.ln_f.weight), w(tr.ln_f.bias),
+                   n_head=cfg.n_head, eps=cfg.layer_norm_epsilon, max_batch=max_batch,
+                   max_seq_len=max_seq_len or cfg.n_positions)
+
+    # ------------------------------------------------------------------ building blocks (given)
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+               activation: str | None = None) -> torch.Tensor:
+        """act(x @ w + b) with the a06 Triton matmul (IEEE fp32 dots for fp32, see __init__)."""
+        return matmul(x, w, b, activation, allow_tf32=self._tf32, config=_INTERPRETER_TILES)
+
+    def lm_head(self, y: torch.Tensor) -> torch.Tensor:
+        """Logits [..., vocab] = y @ wteᵀ (the tied token embedding, read as a transposed view)."""
+        return self.linear(y, self.wte.t())
+
+    def next_ln(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LayerNorm that follows block i's MLP: block i+1's ln_1, or ln_f after the last block."""
+        if i + 1 < self.n_layer:
+            return self.layers[i + 1].ln_1_w, self.layers[i + 1].ln_1_b
+        return self.ln_f_w, self.ln_f_b
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return KVCache.bytes_per_token(self.n_layer, self.n_head, self.head_dim, self.dtype)
+
+    # ------------------------------------------------------------------ prefill (given)
+    def prefill(self, ids: torch.Tensor, lengths: Sequence[int] | None = None, *,
+                all_logits: bool = False) -> torch.Tensor:
+        """Run the prompts, fill the KV cache, and return the logits that pick the first new token.
+
+        ids: int64 [B, T] on the engine's device, right-padded (any token id after a
+        sequence's end); lengths: each prompt's real length (default: all T). Starts a new
+        batch: the cache's old contents are forgotten. Returns [B, vocab], the logits at each
+        sequence's last real token; ``all_logits=True``: [B, T, vocab] at every position
+        (padding positions hold garbage).
+        """
+        b, t = self._check_ids(ids, lengths)
+        lengths = list(lengths) if lengths is not None else [t] * b
+        c, h, d = self.n_embd, self.n_head, self.head_dim
+        cache = self.cache
+        self.batch = b
+        zeros = torch.zeros(b, dtype=torch.int32, device=self.device)
+
+        x = self.wte[ids]                                             # [B, T, C] token embeddings
+        pos = self.wpe[:t].expand(b, t, c)                            # position embeddings
+        hid, y = add_layernorm(x, pos, self.layers[0].ln_1_w, self.layers[0].ln_1_b, self.eps)
+        for i, layer in enumerate(self.layers):
+            qkv = self.linear(y, layer.attn_w, layer.attn_b)          # [B, T, 3C]
+            write_kv(qkv, cache.k[i, :b], cache.v[i, :b], zeros)
+            q, k, v = qkv.view(b, t, 3, h, d).permute(2, 0, 3, 1, 4)  # each [B, H, T, d], strided views
+            att, _ = attention_forward(q, k, v, True, allow_tf32=self._tf32)
+            att = self.linear(att.transpose(1, 2).reshape(b, t, c), layer.proj_w, layer.proj_b)
+            hid, y = add_layernorm(att, hid, layer.ln_2_w, layer.ln_2_b, self.eps)
+            m = self.linear(y, layer.fc_w, layer.fc_b, "gelu_tanh")
+            m = self.linear(m, layer.fc_proj_w, layer.fc_proj_b)
+            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps)
+        cache.lengths[:b].copy_(torch.tensor(lengths, dtype=torch.int32), non_blocking=True)
+        cache.host_lengths[:b] = lengths
+        if all_logits:
+            return self.lm_head(y)
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        return self.lm_head(y[torch.arange(b, device=self.device), last])
+
+    # ------------------------------------------------------------------ decode (YOUR WORK)
+    def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step for the batch that :meth:`prefill` started: logits [B, vocab].
+
+        tokens: int64 [B] on the device, the newest token of each sequence (not yet in the
+        cache). Sequence b's new token sits at position ``cache.lengths[b]``: embed it
+        there, append its K and V to the cache at that slot (write_kv with start = lengths),
+        attend over lengths[b] + 1 keys (decode_attention), run the MLP, and return the
+        logits for the token after it. Advance ``self.cache.lengths`` by one (on the device,
+        in place) before returning. No host synchronisation and no allocation that depends
+        on values (it is captured in a CUDA graph): read the lengths from the device tensor,
+        never with .item() or .tolist(). Uses the same kernels as prefill, with B rows.
+        """
+        # TODO(a08): the decode step
+        b, c, h, d = self.batch, self.n_embd, self.n_head, self.head_dim
+        cache = self.cache
+        lengths = cache.lengths[:b]
+        new_lengths = lengths + 1                                     # keys to attend to, new one included
+        hid, y = add_layernorm(self.wte[tokens], self.wpe[lengths], self.layers[0].ln_1_w,
+                               self.layers[0].ln_1_b, self.eps)
+        for i, layer in enumerate(self.layers):
+            qkv = self.linear(y, layer.attn_w, layer.attn_b)          # [B, 3C]
+            write_kv(qkv.view(b, 1, 3 * c), cache.k[i, :b], cache.v[i, :b], lengths)
+            q = qkv[:, :c].view(b, h, d)
+            att = decode_attention(q, cache.k[i, :b], cache.v[i, :b], new_lengths)
+            att = self.linear(att.view(b, c), layer.proj_w, layer.proj_b)
+            hid, y = add_layernorm(att, hid, layer.ln_2_w, layer.ln_2_b, self.eps)
+            m = self.linear(y, layer.fc_w, layer.fc_b, "gelu_tanh")
+            m = self.linear(m, layer.fc_proj_w, layer.fc_proj_b)
+            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps)
+        lengths.copy_(new_lengths)
+        return self.lm_head(y)
+        # END TODO(a08)
+
+    # ------------------------------------------------------------------ generation (given)
+    def generate(self, prompts, max_new_tokens: int, *, cuda_graph: bool | None = None) -> torch.Tensor:
+        """Greedy generation: int64 [B, max_new_tokens], the new tokens of each prompt.
+
+        prompts: a list of 1-D token-id sequences (lists or tensors, lengths may differ) or an
+        int64 [B, T] tensor (all length T). cuda_graph (default: on a GPU) captures the decode
+        step once per batch size and replays it; False runs it eagerly (the profile's "before").
+        """
+        ids, lengths = self.pad(prompts)
+        b = len(lengths)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+        if max(lengths) + max_new_tokens - 1 > self.max_seq_len:
+            raise ValueError(f"a prompt of {max(lengths)} tokens + {max_new_tokens} new ones needs "
+                             f"{max(lengths) + max_new_tokens - 1} cache positions; max_seq_len is {self.max_seq_len}")
+        use_graph = (self.device.type == "cuda") if cuda_graph is None else cuda_graph
+        out = torch.empty(b, max_new_tokens, dtype=torch.long, device=self.device)
+        tok = self.prefill(ids, lengths).argmax(-1)
+        out[:, 0] = tok
+        for i in range(1, max_new_tokens):
+            if use_graph and (b in self._graphs or i > 1):   # step 1 ran eagerly: kernels compiled, tuned
+                tok = self._replay(b, tok)
+            else:
+                tok = self.decode_step(tok).argmax(-1)
+            self.cache.host_lengths[:b] = [n + 1 for n in self.cache.host_lengths[:b]]
+            out[:, i] = tok
+        return out
+
+    def pad(self, prompts) -> tuple[torch.Tensor, list[int]]:
+        """Right-pad prompts to [B, T] int64 on the device; returns (ids, lengths)."""
+        if isinstance(prompts, torch.Tensor):
+            if prompts.dim() != 2:
+                raise ValueError(f"prompts: expected [B, T] token ids, got shape {tuple(prompts.shape)}")
+            return prompts.to(self.device, torch.long), [prompts.shape[1]] * prompts.shape[0]
+        seqs = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+        if not seqs or any(len(s) == 0 for s in seqs):
+            raise ValueError("prompts: expected one or more non-empty token sequences")
+        t = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), t, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = s
+        return ids.to(self.device), [len(s) for s in seqs]
+
+    def _check_ids(self, ids, lengths) -> tuple[int, int]:
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.dim() != 2:
+            raise TypeError(f"ids: expected an int64 [B, T] tensor, got {getattr(ids, 'dtype', type(ids))} "
+                            f"{tuple(getattr(ids, 'shape', ()))}")
+        b, t = ids.shape
+        if ids.device != self.device:
+            raise ValueError(f"ids: expected a tensor on {self.device}, got one on {ids.device}")
+        if not 1 <= b <= self.max_batch:
+            raise ValueError(f"batch of {b}: the cache holds 1 to max_batch={self.max_batch} sequences")
+        if not 1 <= t <= self.max_seq_len:
+            raise ValueError(f"prompt length {t}: expected 1 to max_seq_len={self.max_seq_len}")
+        if lengths is not None and (len(lengths) != b or not all(1 <= n <= t for n in lengths)):
+            raise ValueError(f"lengths: expected {b} lengths in 1..{t}, got {list(lengths)}")
+        return b, t
+
+    def _replay(self, b: int, tok: torch.Tensor) -> torch.Tensor:
+        """One decode step by CUDA-graph replay (captured on first use for batch size b)."""
+        if b not in self._graphs:
+            static_tok = tok.clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):              # records the kernels; runs nothing
+                nxt = self.decode_step(static_tok).argmax(-1)
+                static_tok.copy_(nxt)                  # the next replay starts from this token
+            self._graphs[b] = (graph, static_tok)
+        graph, static_tok = self._graphs[b]
+        if tok is not static_tok:                      # after the first replay it already is
+            static_tok.copy_(tok)
+        graph.replay()
+        return static_tok

@@ -1,0 +1,446 @@
+"""Stage 8: GPT-2 inference (prefill + KV-cache decode) on the course's kernels, against
+Hugging Face transformers' GPT2LMHeadModel.
+
+The kernels (fused residual + LayerNorm, flash-decoding attention, the KV-cache write) are
+compared with float64 references on fresh random inputs; the engine with transformers'
+model run in float64 (logits) and in the engine's dtype (the error it is allowed is a small
+multiple of transformers' own error in that dtype); greedy generation token for token
+with transformers' ``generate(do_sample=False)``. On a CPU everything runs under the
+Triton interpreter on a tiny model (2 layers, n_embd 64); on a GPU also GPT-2 small's
+shape, 64 new tokens, bf16, CUDA-graph replay and the KV cache's memory.
+
+Models have random weights (nothing is downloaded). Their initializer range is larger
+than GPT-2's 0.02: a freshly initialised GPT-2 repeats one token forever, which would make
+"same tokens" a weak check; at 0.1-0.3 greedy generation wanders through the vocabulary.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common import DEVICE, HAS_CUDA
+from common.profiling import trace_ops
+from common.testing import REL_TOL, assert_close, non_contiguous, randn, rel_error
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TINY = dict(vocab_size=257, n_positions=96, n_embd=64, n_layer=2, n_head=2, initializer_range=0.3)
+SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, initializer_range=0.1)
+#: Ops a step of the engine must not call: the work belongs to the course's kernels.
+FORBIDDEN = ("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear", "aten.baddbmm", "aten.einsum",
+             "aten.native_layer_norm", "aten.layer_norm", "aten.gelu", "aten.tanh", "aten._softmax", "aten.softmax",
+             "aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
+
+
+@pytest.fixture
+def ln(impl):
+    return impl.load("a08_gpt2_inference.layernorm")
+
+
+@pytest.fixture
+def dec(impl):
+    return impl.load("a08_gpt2_inference.decode_attention")
+
+
+@pytest.fixture
+def kv(impl):
+    return impl.load("a08_gpt2_inference.kv_cache")
+
+
+@pytest.fixture
+def eng(impl):
+    return impl.load("a08_gpt2_inference.engine")
+
+
+def _nan(shape, dtype, device=DEVICE):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def hf_model(seed: int, **cfg):
+    """A transformers GPT-2 with random weights (biases and LayerNorms randomised too), eval mode."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(**cfg, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in f".{name}":
+                base = 1.0 if name.endswith("weight") else 0.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+    model.generation_config.eos_token_id = None     # generate exactly max_new_tokens, like the engine
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def hf_logits64(model, ids: list[int]) -> torch.Tensor:
+    """Logits [T, vocab] of one sequence from the model run in float64 on the CPU."""
+    m64 = getattr(model, "_course_f64", None)
+    if m64 is None:
+        import copy
+        m64 = model._course_f64 = copy.deepcopy(model).to("cpu", torch.float64)
+    with torch.no_grad():
+        return m64(torch.tensor([ids])).logits[0]
+
+
+def hf_logits(model, ids: list[int], dtype, device) -> torch.Tensor:
+    """The same logits from transformers in ``dtype`` on ``device`` (its own error sets the bar)."""
+    key = f"_course_{dtype}_{device}"
+    m = getattr(model, key, None)
+    if m is None:
+        import copy
+        m = copy.deepcopy(model).to(device, dtype)
+        setattr(model, key, m)
+    with torch.no_grad():
+        return m(torch.tensor([ids], device=device)).logits[0]
+
+
+def hf_generate(model, prompt: list[int], n: int, device="cpu") -> list[int]:
+    m = model if device == "cpu" else getattr(model, "_course_gen_" + device, None)
+    if m is None:
+        import copy
+        m = copy.deepcopy(model).to(device)
+        setattr(model, "_course_gen_" + device, m)
+    with torch.no_grad():
+        out = m.generate(torch.tensor([prompt], device=device), max_new_tokens=n, do_sample=False,
+                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device))
+    return out[0, len(prompt):].tolist()
+
+
+def _prompts(lengths, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+# ============================================================ kernel 1: residual + LayerNorm
+def _ln_ref(h64: torch.Tensor, w, b, eps=1e-5):
+    w, b = w.to("cpu", torch.float64), b.to("cpu", torch.float64)
+    mean = h64.mean(-1, keepdim=True)
+    var = ((h64 - mean) ** 2).mean(-1, keepdim=True)
+    return (h64 - mean) / torch.sqrt(var + eps) * w + b
+
+
+LN_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 768), (3, 5, 100), (2, 1600), (4, 37)])
+def test_add_layernorm(ln, dtype, shape, seed):
+    """h = x + residual (stored in x's dtype) and y = LayerNorm(h)·w + b, against float64."""
+    c = shape[-1]
+    x, r = randn(*shape, dtype=dtype, scale=3.0), randn(*shape, dtype=dtype) + 2.0   # nonzero mean
+    w, b = randn(c) * 0.5 + 1.0, randn(c) * 0.5
+    h_out, y_out = _nan(shape, dtype), _nan(shape, dtype)
+    h, y = ln.add_layernorm(x, r, w, b, 1e-5, out=y_out, h_out=h_out)
+    assert h is h_out and y is y_out, "add_layernorm must return the out/h_out tensors it was given"
+    h64 = x.to("cpu", torch.float64) + r.to("cpu", torch.float64)
+    assert_close(h, h64, dtype=dtype, name="h = x + residual")
+    ref = _ln_ref(h.to("cpu", torch.float64), w, b)          # normalises h as stored
+    assert_close(y, ref, dtype=dtype, rel_tol=LN_TOL[dtype], name="y = LayerNorm(h)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layernorm_no_residual_and_strided_rows(ln, dtype, seed):
+    """No residual; rows that are a strided view (every other row, and a column slice)."""
+    c = 257
+    big = randn(9, 2 * c, dtype=dtype, scale=2.0)
+    w, b = randn(c) + 1.0, randn(c)
+    for x in (big[::2, :c], big[:, c:], non_contiguous(randn(5, c, dtype=dtype))):
+        y = ln.layernorm(x, w, b, 1e-5)
+        assert_close(y, _ln_ref(x.to("cpu", torch.float64), w, b), dtype=dtype, rel_tol=LN_TOL[dtype],
+                     name=f"layernorm of a view with strides {x.stride()}")
+
+
+def test_layernorm_eps_and_bad_inputs(ln, seed):
+    """eps is used (rows of variance ~1e-4, where eps = 1e-5 moves y by 5%), and bad inputs raise
+    clear errors."""
+    x = randn(3, 64, scale=1e-2)
+    w, b = randn(64) + 1.0, randn(64)
+    for eps in (1e-5, 1e-1):
+        assert_close(ln.layernorm(x, w, b, eps), _ln_ref(x.to("cpu", torch.float64), w, b, eps),
+                     dtype=torch.float32, rel_tol=1e-4, name=f"layernorm with eps={eps}")
+    with pytest.raises(ValueError, match="weight"):
+        ln.layernorm(x, randn(63), b)
+    with pytest.raises(ValueError, match="residual"):
+        ln.add_layernorm(x, randn(3, 65), w, b)
+    with pytest.raises(TypeError, match="dtype"):
+        ln.layernorm(x.to(torch.int32), w, b)
+
+
+# ============================================================ kernel 2: decode attention
+def _decode_ref(q, k, v, lengths):
+    """float64 softmax(q kᵀ/sqrt(d)) v per sequence over its first lengths[b] keys: [B, H, d]."""
+    q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))
+    out = torch.empty_like(q)
+    for i, n in enumerate(lengths):
+        s = torch.einsum("hd,hnd->hn", q[i], k[i, :, :n]) / math.sqrt(q.shape[-1])
+        out[i] = torch.einsum("hn,hnd->hd", torch.softmax(s, -1), v[i, :, :n])
+    return out
+
+
+DEC_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,h,d,s_max,lengths", [
+    (1, 2, 64, 1, [1]),                         # one key
+    (1, 3, 64, 200, [200]),                     # the whole cache (S_max), not a multiple of any block
+    (3, 2, 32, 150, [1, 77, 150]),              # a batch of different lengths
+    (4, 1, 128, 97, [13, 96, 2, 65]),
+    (2, 4, 16, 33, [33, 17]),
+])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_attention(dec, dtype, b, h, d, s_max, lengths, splits, seed):
+    """One query per (sequence, head) against its first lengths[b] cache positions. Positions past
+    a sequence's length hold NaN: reading one would poison the output. q is a strided view."""
+    if not HAS_CUDA and splits == 3 and d == 128:
+        pytest.skip("the interpreter is slow; splits=3 is covered at the other shapes")
+    qkv = randn(b, 3 * h * d, dtype=dtype)
+    q = qkv[:, :h * d].view(b, h, d)                          # as the engine passes it: strided rows
+    k, v = randn(b, h, s_max, d, dtype=dtype), randn(b, h, s_max, d, dtype=dtype)
+    for i, n in enumerate(lengths):
+        k[i, :, n:] = float("nan")
+        v[i, :, n:] = float("nan")
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    out = _nan((b, h, d), dtype)
+    got = dec.decode_attention(q, k, v, lens, splits=splits, out=out)
+    assert got is out, "decode_attention must return the out tensor it was given"
+    assert_close(got, _decode_ref(q, k, v, lengths), dtype=dtype, rel_tol=DEC_TOL[dtype],
+                 name=f"decode attention, lengths {lengths}, splits={splits}")
+
+
+def test_decode_attention_large_scores_and_default_out(dec, seed):
+    """Scores of ±50 (exp overflows without the running max) and the default output buffer."""
+    b, h, d, s = 2, 2, 64, 70
+    q = randn(b, h, d, scale=8.0)
+    k, v = randn(b, h, s, d, scale=8.0), randn(b, h, s, d)
+    lengths = [70, 41]
+    got = dec.decode_attention(q, k, v, torch.tensor(lengths, dtype=torch.int32, device=DEVICE), splits=2)
+    assert_close(got, _decode_ref(q, k, v, lengths), dtype=torch.float32, rel_tol=1e-5, name="large scores")
+
+
+def test_decode_attention_bad_inputs(dec, seed):
+    q, k = randn(2, 2, 64), randn(2, 2, 10, 64)
+    lens = torch.tensor([10, 3], dtype=torch.int32, device=DEVICE)
+    assert_close(dec.decode_attention(q, k, k, lens), _decode_ref(q, k, k, [10, 3]), dtype=torch.float32,
+                 name="decode attention (before the error checks)")
+    with pytest.raises(TypeError, match="lengths"):
+        dec.decode_attention(q, k, k, lens.long())
+    with pytest.raises(ValueError, match="k_cache"):
+        dec.decode_attention(q, randn(2, 3, 10, 64), randn(2, 3, 10, 64), lens)
+    with pytest.raises(ValueError, match="lengths"):
+        dec.decode_attention(q, k, k, lens[:1])
+
+
+# ============================================================ kernel 3: the KV-cache write
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 5])
+def test_write_kv(kv, dtype, t, seed):
+    """Token t of sequence b lands at start[b] + t of its own row, head by head; nothing else is
+    written (the cache is NaN elsewhere), and no slot at or past S_max (start near the end)."""
+    b, h, d, s_max = 3, 3, 32, 20
+    qkv = randn(b, t, 3 * h * d, dtype=dtype)
+    k_cache, v_cache = _nan((b, h, s_max, d), dtype), _nan((b, h, s_max, d), dtype)
+    start = [0, 7, s_max - 2]
+    kv.write_kv(qkv, k_cache, v_cache, torch.tensor(start, dtype=torch.int32, device=DEVICE))
+    want_k, want_v = _nan((b, h, s_max, d), dtype, "cpu"), _nan((b, h, s_max, d), dtype, "cpu")
+    q3 = qkv.cpu().view(b, t, 3, h, d)
+    for i, s in enumerate(start):
+        n = min(t, s_max - s)
+        want_k[i, :, s:s + n] = q3[i, :n, 1].transpose(0, 1)
+        want_v[i, :, s:s + n] = q3[i, :n, 2].transpose(0, 1)
+    for name, got, want in (("K", k_cache, want_k), ("V", v_cache, want_v)):
+        got = got.cpu()
+        same = (got == want) | (got.isnan() & want.isnan())
+        assert same.all(), (f"{name} cache wrong at {int((~same).sum())} of {got.numel()} places, first at "
+                            f"[b, h, pos, d] = {(~same).nonzero()[0].tolist()} (start={start}, T={t})")
+
+
+def test_kv_cache_size_and_errors(kv, seed):
+    """The cache's bytes per token, and write_kv's input checks (after a legal write)."""
+    qkv = randn(2, 1, 3 * 2 * 16)
+    cache = kv.KVCache(n_layer=3, batch=2, n_head=2, head_dim=16, max_seq_len=8, dtype=torch.float32, device=DEVICE)
+    kv.write_kv(qkv, cache.k[0], cache.v[0], cache.lengths)
+    assert torch.equal(cache.k[0, :, :, 0].cpu(), qkv.cpu().view(2, 3, 2, 16)[:, 1]), "write_kv at position 0"
+    assert kv.KVCache.bytes_per_token(12, 12, 64, torch.bfloat16) == 2 * 12 * 12 * 64 * 2
+    assert cache.nbytes == 2 * 3 * 2 * 2 * 8 * 16 * 4
+    with pytest.raises(ValueError, match="qkv"):
+        kv.write_kv(randn(2, 1, 95), cache.k[0], cache.v[0], cache.lengths)
+    with pytest.raises(TypeError, match="start"):
+        kv.write_kv(qkv, cache.k[0], cache.v[0], cache.lengths.long())
+
+
+# ============================================================ the engine against transformers
+@pytest.fixture(scope="module")
+def tiny_model():
+    return hf_model(seed=8, **TINY)
+
+
+def _engine(eng, model, dtype=torch.float32, max_batch=4, max_seq_len=None):
+    return eng.GPT2Engine.from_hf(model, dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len)
+
+
+def _allowed(hf_err: float, dtype) -> float:
+    """The engine may be a few times less accurate than transformers in the same dtype, never
+    less accurate than the dtype's tolerance floor allows."""
+    return max(4.0 * hf_err, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_logits(eng, tiny_model, dtype, seed):
+    """Prefill of a right-padded batch (lengths 9, 1, 14): the logits at every real position match
+    transformers in float64, within a few times transformers' own error in this dtype."""
+    if dtype == torch.float16 and not HAS_CUDA:
+        pytest.skip("fp16 GPT-2 in transformers on a CPU is not supported by every torch build")
+    engine = _engine(eng, tiny_model, dtype)
+    prompts = _prompts([9, 1, 14], TINY["vocab_size"], seed)
+    ids, lengths = engine.pad(prompts)
+    logits = engine.prefill(ids, lengths, all_logits=True)
+    last = engine.prefill(ids, lengths)
+    for i, p in enumerate(prompts):
+        ref = hf_logits64(tiny_model, p)
+        mine = rel_error(logits[i, :len(p)], ref)
+        theirs = rel_error(hf_logits(tiny_model, p, dtype, DEVICE), ref)
+        assert mine <= _allowed(theirs, dtype), (
+            f"prefill logits of prompt {i} (length {len(p)}): relative error {mine:.2e}, transformers in "
+            f"{dtype} {theirs:.2e}")
+        assert_close(last[i], logits[i, len(p) - 1], rel_tol=1e-6 if dtype == torch.float32 else 1e-2,
+                     name=f"prefill()'s last-token logits of prompt {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_logits(eng, tiny_model, dtype, seed):
+    """Decode steps after a padded prefill (lengths 6, 11, 2): the logits at each step match
+    transformers (float64) on the whole sequence; the cache lengths advance by one per step."""
+    engine = _engine(eng, tiny_model, dtype)
+    vocab = TINY["vocab_size"]
+    prompts = _prompts([6, 11, 2], vocab, seed)
+    follow = _prompts([5, 5, 5], vocab, seed + 1)            # teacher-forced next tokens
+    ids, lengths = engine.pad(prompts)
+    engine.prefill(ids, lengths)
+    steps = []
+    for j in range(5):
+        tok = torch.tensor([f[j] for f in follow], device=engine.device)
+        steps.append(engine.decode_step(tok))
+        assert engine.cache.lengths[:3].tolist() == [n + j + 1 for n in lengths], (
+            f"after decode step {j + 1}: cache lengths {engine.cache.lengths[:3].tolist()}, expected "
+            f"{[n + j + 1 for n in lengths]}")
+    for i, (p, f) in enumerate(zip(prompts, follow)):
+        ref = hf_logits64(tiny_model, p + f)[len(p):]
+        mine = torch.stack([s[i] for s in steps])
+        theirs = rel_error(hf_logits(tiny_model, p + f, dtype, DEVICE)[len(p):], ref)
+        err = rel_error(mine, ref)
+        assert err <= _allowed(theirs, dtype), (
+            f"decode logits of sequence {i} (prompt length {len(p)}): relative error {err:.2e} against "
+            f"transformers in float64 (transformers in {dtype}: {theirs:.2e}); per step: "
+            f"{[f'{rel_error(mine[j], ref[j]):.1e}' for j in range(len(f))]}")
+
+
+N_NEW_CPU = 24
+
+
+@pytest.mark.parametrize("lengths", [[7], [1], [5, 13, 1, 9]], ids=["b1-len7", "b1-len1", "b4-mixed"])
+def test_generate_matches_transformers(eng, tiny_model, lengths, seed):
+    """Greedy tokens identical to transformers' generate(do_sample=False), prompt by prompt (fp32)."""
+    engine = _engine(eng, tiny_model)
+    prompts = _prompts(lengths, TINY["vocab_size"], seed)
+    got = engine.generate(prompts, N_NEW_CPU).tolist()
+    for i, p in enumerate(prompts):
+        want = hf_generate(tiny_model, p, N_NEW_CPU)
+        assert got[i] == want, (f"prompt {i} (length {len(p)}, batch of {len(prompts)}): first difference at new "
+                                f"token {next(j for j in range(N_NEW_CPU) if got[i][j] != want[j])}\n"
+                                f"engine:       {got[i]}\ntransformers: {want}")
+
+
+def test_decode_step_uses_the_course_kernels(eng, tiny_model, seed):
+    """A decode step calls no PyTorch matmul, LayerNorm, GELU, softmax or attention, and never reads
+    a device value on the host (.item(), .tolist(): a sync that a CUDA graph cannot hold)."""
+    engine = _engine(eng, tiny_model)
+    ids, lengths = engine.pad(_prompts([4, 9], TINY["vocab_size"], seed))
+    engine.prefill(ids, lengths)
+    tok = torch.tensor([3, 5], device=engine.device)
+    with trace_ops() as t:
+        logits = engine.decode_step(tok)
+    assert logits.shape == (2, TINY["vocab_size"]), f"decode_step returned shape {tuple(logits.shape)}"
+    bad = [op for op in t.ops if op.startswith(FORBIDDEN)]
+    assert not bad, f"decode_step called PyTorch for the kernels' work: {sorted(set(bad))}"
+    syncs = [op for op in t.ops if "_local_scalar_dense" in op or "item" in op]
+    assert not syncs, f"decode_step reads device values on the host ({syncs}); keep the lengths on the device"
+    with trace_ops() as t:
+        engine.prefill(ids, lengths)
+    bad = [op for op in t.ops if op.startswith(FORBIDDEN)]
+    assert not bad, f"prefill called PyTorch for the kernels' work: {sorted(set(bad))}"
+
+
+def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
+    """Clear errors for an unsupported config, a cache too small, an empty prompt (after a legal run)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    engine = _engine(eng, tiny_model, max_batch=2, max_seq_len=12)
+    assert engine.generate([[1, 2, 3]], 2).shape == (1, 2)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.generate([[1] * 10], 4)
+    with pytest.raises(ValueError, match="batch"):
+        engine.generate([[1], [2], [3]], 2)
+    with pytest.raises(ValueError, match="non-empty"):
+        engine.generate([[1], []], 2)
+    relu = GPT2LMHeadModel(GPT2Config(**{**TINY, "activation_function": "relu"}))
+    with pytest.raises(ValueError, match="activation_function"):
+        eng.GPT2Engine.from_hf(relu)
+
+
+# ============================================================ GPU: GPT-2 small's shape, graphs, memory
+@pytest.fixture(scope="module")
+def small_model():
+    return hf_model(seed=124, **SMALL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [[21], [3], [37, 5, 64, 18]], ids=["b1-len21", "b1-len3", "b4-mixed"])
+def test_generate_gpt2_small_64_tokens(eng, small_model, lengths, seed):
+    """GPT-2 small's shape (fp32, random weights): 64 greedy tokens identical to transformers on the
+    GPU, with the decode step replayed from a CUDA graph, and the same with it run eagerly."""
+    engine = _engine(eng, small_model, max_batch=4, max_seq_len=256)
+    prompts = _prompts(lengths, SMALL["vocab_size"], seed)
+    got = engine.generate(prompts, 64).tolist()
+    eager = engine.generate(prompts, 64, cuda_graph=False).tolist()
+    assert got == eager, "CUDA-graph replay and eager decode steps disagree"
+    for i, p in enumerate(prompts):
+        want = hf_generate(small_model, p, 64, device="cuda")
+        assert got[i] == want, (f"prompt {i} (length {len(p)}): first difference at new token "
+                                f"{next(j for j in range(64) if got[i][j] != want[j])}\n"
+                                f"engine:       {got[i]}\ntransformers: {want}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpt2_small_decode_logits_16bit(eng, small_model, dtype, seed):
+    """16-bit engine at GPT-2 small's shape: prefill + 8 decode steps, logits against transformers
+    in float64, within a few times transformers' own error in the same dtype on the GPU."""
+    engine = _engine(eng, small_model, dtype, max_batch=2, max_seq_len=128)
+    prompts = _prompts([50, 17], SMALL["vocab_size"], seed)
+    follow = _prompts([8, 8], SMALL["vocab_size"], seed + 1)
+    ids, lengths = engine.pad(prompts)
+    first = engine.prefill(ids, lengths)
+    steps = [first] + [engine.decode_step(torch.tensor([f[j] for f in follow], device="cuda")) for j in range(8)]
+    for i, (p, f) in enumerate(zip(prompts, follow)):
+        ref = hf_logits64(small_model, p + f)[len(p) - 1:]
+        theirs = rel_error(hf_logits(small_model, p + f, dtype, "cuda")[len(p) - 1:], ref)
+        err = rel_error(torch.stack([s[i] for s in steps]), ref)
+        assert err <= _allowed(theirs, dtype), (
+            f"sequence {i}: logits relative error {err:.2e}, transformers in {dtype} {theirs:.2e}")
+
+
+@pytest.mark.gpu
+def test_kv_cache_memory_matches_accounting(eng, small_model):
+    """The cache takes 2·n_layer·n_head·d·itemsize bytes per token (measured with memory_allocated)."""
+    torch.cuda.synchronize()
+    engine = _engine(eng, small_model, torch.bfloat16, max_batch=1, max_seq_len=16)   # weights first
+    before = torch.cuda.memory_allocated()
+    cache = type(engine.cache)(12, 8, 12, 64, 1024, torch.bfloat16, "cuda")
+    grown = torch.cuda.memory_allocated() - before
+    expected = 8 * 1024 * engine.kv_bytes_per_token
+    assert engine.kv_bytes_per_token == 2 * 12 * 12 * 64 * 2
+    assert expected <= grown <= expected + 2 * 2**20, f"cache grew memory by {grown} bytes, accounting says {expected}"
+    ids = torch.randint(0, 100, (1, 5), device="cuda")
+    assert engine.generate(ids, 3).shape == (1, 3)
+    del cache
