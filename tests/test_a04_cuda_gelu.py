@@ -144,8 +144,10 @@ def test_patch_model_structure(mod, cls):
     assert {n: m for n, m in model.named_modules() if not n.endswith("mlp.act")} == others, "only mlp.act may change"
     assert {n: p for n, p in model.named_parameters()}.keys() == weights.keys()
     assert all(p is weights[n] for n, p in model.named_parameters()), "weights must be kept"
-    mod.patch_model(model, fast_math=True)
-    assert all(b.mlp.act.fast_math for b in blocks), "fast_math=True must reach every FusedGELU"
+    fast = mod.patch_model(cls(tiny_gpt2_config()).eval(), fast_math=True)
+    fast_acts = [m.act for m in fast.modules() if isinstance(m, GPT2MLP)]
+    assert len(fast_acts) == fast.config.n_layer and all(a.fast_math for a in fast_acts), \
+        "fast_math=True must reach every FusedGELU"
 
 
 def test_patch_model_rejects_model_without_mlp(mod):
