@@ -89,18 +89,62 @@ def _cuda0(d):
     return d
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+
+
+def _index_ops(x: torch.Tensor, index):
+    """``x[index]`` with the aten ops torch's own indexing dispatches to (``select`` for an
+    int, ``slice``, ``unsqueeze`` for None, then ``index`` for integer tensors), or None for
+    what this does not cover (bool masks, lists, float scalars: left to torch)."""
+    idx = index if isinstance(index, tuple) else (index,)
+    for i in idx:
+        if not (i is None or i is Ellipsis or _is_int(i)
+                or (isinstance(i, slice) and all(v is None or _is_int(v) for v in (i.start, i.stop, i.step)))
+                or (isinstance(i, torch.Tensor) and not i.is_floating_point() and i.dtype != torch.bool)):
+            return None
+    n_dims = sum(i is not None and i is not Ellipsis for i in idx)
+    ellipsis = [k for k, i in enumerate(idx) if i is Ellipsis]
+    if len(ellipsis) > 1 or n_dims > x.dim():
+        return None
+    rest = (slice(None),) * (x.dim() - n_dims)
+    idx = idx[:ellipsis[0]] + rest + idx[ellipsis[0] + 1:] if ellipsis else idx + rest
+    out, d, tensors = x, 0, []
+    for i in idx:
+        if i is None:
+            out, d = out.unsqueeze(d), d + 1
+            tensors.append(None)
+        elif _is_int(i):
+            out = out.select(d, i)
+        elif isinstance(i, slice):
+            out = torch.ops.aten.slice.Tensor(out, d, i.start, i.stop, 1 if i.step is None else i.step)
+            d += 1
+            tensors.append(None)
+        else:
+            d += 1
+            tensors.append(i)
+    if any(t is not None for t in tensors):
+        while tensors[-1] is None:
+            tensors.pop()
+        out = torch.ops.aten.index.Tensor(out, tensors)
+    return out
+
+
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
     """Run code on fake CUDA tensors (shapes, dtypes, devices; no data): works without a GPU.
 
-    Create every tensor inside the block (``torch.randn(..., device="cuda")``).
+    Create every tensor inside the block (``torch.randn(..., device="cuda")``; a model:
+    ``with torch.device("cuda"): model = Model(...)``).
     On a CPU-only build a few Tensor methods ask the CUDA driver for a device
-    guard; inside the block ``.contiguous()``, ``.cuda()`` and ``.to("cuda")``
-    are routed through ops the fake mode handles, with the same results.
+    guard or the CUDA generator; inside the block ``.contiguous()``, ``.cuda()``,
+    ``.to("cuda")``, indexing ``x[...]`` (ints, slices, None, ..., integer tensors)
+    and ``.uniform_()`` (``nn.Linear``'s init) are routed through ops the fake mode
+    handles, with the same results (shapes, dtypes, devices).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     T = torch.Tensor
-    saved = (T.contiguous, T.cuda, T.to)
+    saved = (T.contiguous, T.cuda, T.to, T.__getitem__, T.uniform_)
 
     def contiguous(self, memory_format=torch.contiguous_format):
         return self if self.is_contiguous(memory_format=memory_format) else self.clone(memory_format=memory_format)
@@ -116,12 +160,22 @@ def fake_cuda() -> Iterator[None]:
             kwargs["device"] = _cuda0(kwargs["device"])
         return saved[2](self, *args, **kwargs)
 
-    T.contiguous, T.cuda, T.to = contiguous, cuda, to
+    def getitem(self, index):
+        out = _index_ops(self, index) if self.is_cuda else None
+        return saved[3](self, index) if out is None else out
+
+    def uniform_(self, a=0.0, b=1.0, *, generator=None):
+        if not self.is_cuda:
+            return saved[4](self, a, b, generator=generator)
+        # a + (b - a)·Φ(z), z ~ N(0, 1): uniform on [a, b], from normal_ (which the fake mode runs)
+        return self.normal_().div_(2 ** 0.5).erf_().add_(1.0).mul_(0.5 * (b - a)).add_(a)
+
+    T.contiguous, T.cuda, T.to, T.__getitem__, T.uniform_ = contiguous, cuda, to, getitem, uniform_
     try:
         with FakeTensorMode(allow_non_fake_inputs=False):
             yield
     finally:
-        T.contiguous, T.cuda, T.to = saved
+        T.contiguous, T.cuda, T.to, T.__getitem__, T.uniform_ = saved
 
 
 def count_host_transfers(fn: Callable[[], object]) -> OpTrace:

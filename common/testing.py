@@ -106,3 +106,38 @@ def non_contiguous(x: torch.Tensor) -> torch.Tensor:
     view = wide[..., ::2]
     assert not view.is_contiguous() or x.shape[-1] <= 1
     return view
+
+
+def tiny_gpt2_config():
+    """A ``transformers.GPT2Config`` small enough for CPU tests (odd vocabulary on purpose).
+
+    Build the model with ``transformers.GPT2LMHeadModel(tiny_gpt2_config()).eval()``:
+    random weights, nothing downloaded. GPT-2's own layout (``Conv1D`` weights
+    ``[in, out]``, ``transformer.h[i].mlp.act`` = ``NewGELUActivation``, the tanh GELU),
+    no dropout, and:
+
+    * ``attn_implementation="eager"``: attention as plain matmul + softmax, the same aten
+      ops on every device and dtype (float64 on the CPU, fake CUDA tensors, a GPU), where
+      ``"sdpa"`` picks a different kernel for each;
+    * ``use_cache=False``: one forward over the whole sequence, no generation. The KV
+      cache would start from ``torch.tensor([])`` on the input's device, a constant a
+      compiled graph on fake CUDA tensors cannot make with a CPU-only torch;
+    * ``bos_token_id = eos_token_id = 96``: the last id, as GPT-2's 50256 is (its default
+      lies outside this vocabulary, and transformers warns about that).
+    """
+    from transformers import GPT2Config
+    return GPT2Config(vocab_size=97, n_positions=64, n_embd=64, n_layer=2, n_head=4, activation_function="gelu_new",
+                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, attn_implementation="eager", use_cache=False,
+                      bos_token_id=96, eos_token_id=96)
+
+
+def randomize_(model: torch.nn.Module, *, generator: torch.Generator | None = None, std: float = 0.02) -> torch.nn.Module:
+    """Give every bias and LayerNorm parameter random values too (the init zeros them /
+    sets them to one), so a test exercises every parameter. In place; returns ``model``."""
+    with torch.no_grad():
+        for module in model.modules():
+            for name, p in module.named_parameters(recurse=False):
+                if name == "bias" or isinstance(module, torch.nn.LayerNorm):
+                    base = 1.0 if name == "weight" else 0.0
+                    p.copy_(base + std * torch.randn(p.shape, generator=generator).to(p))
+    return model

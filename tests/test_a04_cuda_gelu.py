@@ -1,20 +1,27 @@
 """Stage 4: GPT-2's GELU as a CUDA torch operator, its fake, torch.compile, the GPT-2 patch.
 
+The model patched is Hugging Face transformers' GPT-2 (``GPT2LMHeadModel``, random
+weights from a small ``GPT2Config``: ``common.testing.tiny_gpt2_config``).
 CPU-only machines run the fake-tensor tests (the op's fake implementation, a
 torch.compile(fullgraph=True) trace of a patched GPT-2, the op count of a patched
 forward) and, with nvcc, a compile check of the solution's sources. Everything that
 runs the kernel is marked gpu.
 """
+import copy
+
 import pytest
 import torch
+from transformers import GPT2LMHeadModel, GPT2Model
+from transformers.activations import NewGELUActivation
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
 from common import HAS_CUDA
 from common import reference as ref
 from common.cuda_ext import compile_check
-from common.gpt2 import GPT2, MLP, GPT2Config, NewGELU, gelu_new, randomize_
 from common.impl import load, stage_dir
 from common.profiling import fake_cuda, profile, trace_ops
-from common.testing import REL_TOL, assert_close, max_abs_error, non_contiguous, randn, rel_error
+from common.testing import (REL_TOL, assert_close, max_abs_error, non_contiguous, randn, randomize_, rel_error,
+                            tiny_gpt2_config)
 
 MOD = "a04_cuda_gelu.fused_gelu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -26,6 +33,9 @@ SHAPES = [(1,), (3,), (7,), (8,), (9,), (1023,), (4097,), (3, 5, 1001), (2, 1024
 #: The bound for fp32 is tanh.approx's documented worst case (2^-11 relative), not the
 #: typical error, so another GPU or driver cannot make it flaky.
 FAST_REL_TOL = {torch.float32: 1e-3, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+#: GPT-2's GELU as the model runs it before the patch: transformers' NewGELUActivation
+#: (``gelu_new``, the tanh formula written as torch ops).
+gelu_new = NewGELUActivation()
 
 
 @pytest.fixture
@@ -46,7 +56,7 @@ def _run(mod, x, fast_math=False):
 
 # --------------------------------------------------------------------- CPU: fake tensors
 def test_plain_ops_baseline_is_eight_ops():
-    """The lecture baseline: gelu_new as torch ops is 8 separate elementwise ops."""
+    """The lecture baseline: transformers' gelu_new (NewGELUActivation) is 8 separate elementwise ops."""
     x = torch.randn(10)
     with trace_ops() as t:
         gelu_new(x)
@@ -69,9 +79,13 @@ def test_fake_impl(mod, dtype, fast_math):
 
 
 def _tiny_fake_model(mod, fast_math=False):
-    cfg = GPT2Config.tiny()
+    """A patched transformers GPT-2 on fake CUDA tensors; call inside fake_cuda(). The model is
+    made under torch.device("cuda"), so its parameters are fake CUDA tensors like the input
+    (a model made on the CPU outside the block holds real tensors, which the fake mode refuses)."""
+    cfg = tiny_gpt2_config()
     idx = torch.randint(0, cfg.vocab_size, (2, 16), device="cuda")
-    model = GPT2(cfg, device=idx.device).requires_grad_(False)   # inference: no autograd
+    with torch.device("cuda"):
+        model = GPT2LMHeadModel(cfg).eval().requires_grad_(False)   # inference: no autograd
     return mod.patch_model(model, fast_math=fast_math), idx, cfg
 
 
@@ -82,7 +96,7 @@ def test_patched_forward_calls_op_once_per_block(mod, fast_math):
     with fake_cuda(), torch.no_grad():   # (autograd on fake CUDA tensors needs a CUDA build)
         model, idx, cfg = _tiny_fake_model(mod, fast_math)
         with trace_ops() as t:
-            logits = model(idx)
+            logits = model(idx).logits
     assert logits.shape == (2, 16, cfg.vocab_size)
     op = f"{mod.NS}.{mod.OP_NAMES[fast_math]}."    # e.g. course_solutions.fused_gelu_fast.default
     assert t.count(op) == cfg.n_layer, f"expected {cfg.n_layer} calls of {op}*: {t.counts()}"
@@ -103,7 +117,7 @@ def test_torch_compile_fullgraph_traces_op(mod):
 
     with fake_cuda(), torch.no_grad():
         model, idx, cfg = _tiny_fake_model(mod)
-        logits = torch.compile(model, fullgraph=True, backend=capture)(idx)
+        logits = torch.compile(model, fullgraph=True, backend=capture)(idx).logits
     torch._dynamo.reset()
     assert logits.shape == (2, 16, cfg.vocab_size)
     assert len(graphs) == 1, f"expected one graph, got {len(graphs)}"
@@ -112,22 +126,33 @@ def test_torch_compile_fullgraph_traces_op(mod):
     assert not any("tanh" in t for t in targets), targets
 
 
-def test_patch_model_structure(mod):
-    """patch_model swaps every block.mlp.act (and only that), in place, and returns the model."""
-    model = GPT2(GPT2Config.tiny())
+@pytest.mark.parametrize("cls", [GPT2LMHeadModel, GPT2Model])
+def test_patch_model_structure(mod, cls):
+    """patch_model swaps every transformer.h[i].mlp.act (and only that), in place, and returns the
+    model: the LM model and the bare GPT2Model alike."""
+    model = cls(tiny_gpt2_config()).eval()
+    blocks = model.transformer.h if cls is GPT2LMHeadModel else model.h
     weights = {n: p for n, p in model.named_parameters()}
+    others = {n: m for n, m in model.named_modules() if not n.endswith("mlp.act")}
     out = mod.patch_model(model)
     assert out is model
-    acts = [m.act for m in model.modules() if isinstance(m, MLP)]
-    assert len(acts) == model.cfg.n_layer
-    assert all(isinstance(a, mod.FusedGELU) for a in acts), acts
-    assert not any(isinstance(m, NewGELU) for m in model.modules())
+    acts = [b.mlp.act for b in blocks]
+    assert len(acts) == model.config.n_layer
+    assert [m.act for m in model.modules() if isinstance(m, GPT2MLP)] == acts
+    assert all(isinstance(a, mod.FusedGELU) and not a.fast_math for a in acts), acts
+    assert not any(isinstance(m, NewGELUActivation) for m in model.modules())
+    assert {n: m for n, m in model.named_modules() if not n.endswith("mlp.act")} == others, "only mlp.act may change"
     assert {n: p for n, p in model.named_parameters()}.keys() == weights.keys()
     assert all(p is weights[n] for n, p in model.named_parameters()), "weights must be kept"
+    fast = mod.patch_model(cls(tiny_gpt2_config()).eval(), fast_math=True)
+    fast_acts = [m.act for m in fast.modules() if isinstance(m, GPT2MLP)]
+    assert len(fast_acts) == fast.config.n_layer and all(a.fast_math for a in fast_acts), \
+        "fast_math=True must reach every FusedGELU"
 
 
 def test_patch_model_rejects_model_without_mlp(mod):
-    with pytest.raises(ValueError, match="MLP"):
+    """No GPT2MLP in the model: a ValueError that names the model's type."""
+    with pytest.raises(ValueError, match="Linear"):
         mod.patch_model(torch.nn.Linear(4, 4))
 
 
@@ -221,12 +246,14 @@ def test_runs_on_current_stream(mod):
 
 
 def _gpt2_pair(dtype, seed=0):
+    """transformers' GPT-2 with random weights (biases and LayerNorms too) on the GPU in ``dtype``,
+    token ids, and its float64 logits computed on the CPU."""
     g = torch.Generator().manual_seed(seed)
-    cfg = GPT2Config.tiny()
-    model = randomize_(GPT2(cfg), generator=g)
+    cfg = tiny_gpt2_config()
+    model = randomize_(GPT2LMHeadModel(cfg).eval(), generator=g)
     idx = torch.randint(0, cfg.vocab_size, (3, 37), generator=g)
     with torch.no_grad():
-        expected64 = model.double()(idx)
+        expected64 = model.double()(idx).logits
     return model.to("cuda", dtype), idx.cuda(), expected64
 
 
@@ -235,11 +262,11 @@ def _gpt2_pair(dtype, seed=0):
 def test_gpt2_patched_logits(mod, dtype):
     """Patched and original GPT-2 give the same logits within the dtype's tolerance."""
     model, idx, expected64 = _gpt2_pair(dtype)
-    original = GPT2(model.cfg).to("cuda", dtype)
-    original.load_state_dict(model.state_dict())
+    original = copy.deepcopy(model)                        # unpatched, same weights
     with torch.no_grad():
-        patched_logits = mod.patch_model(model)(idx)      # first, so nothing is left to reuse
-        original_logits = original(idx)
+        patched_logits = mod.patch_model(model)(idx).logits   # first, so nothing is left to reuse
+        original_logits = original(idx).logits
+    assert isinstance(original.transformer.h[0].mlp.act, NewGELUActivation)
     assert_close(patched_logits, original_logits.float(), dtype=dtype, name="patched vs original logits")
     if dtype == torch.float32:
         assert_close(patched_logits, expected64, dtype=dtype, rel_tol=1e-4, name="patched vs float64")
@@ -254,8 +281,8 @@ def test_torch_compile_gpu(mod, dtype):
     model, idx, expected64 = _gpt2_pair(dtype, seed=1)
     mod.patch_model(model)
     with torch.no_grad():
-        compiled = torch.compile(model, fullgraph=True)(idx)
-        eager = model(idx)
+        compiled = torch.compile(model, fullgraph=True)(idx).logits
+        eager = model(idx).logits
     torch._dynamo.reset()
     assert_close(compiled, eager.float(), dtype=dtype, name="compiled vs eager")
     if dtype == torch.float32:
@@ -273,7 +300,7 @@ def test_op_rejects_bad_input():
 
 @pytest.mark.gpu
 def test_plain_ops_baseline_launches_many_kernels():
-    """The lecture baseline on the GPU: one kernel per torch op."""
+    """The lecture baseline (transformers' gelu_new) on the GPU: one kernel per torch op."""
     x = randn(1 << 20)
     rep = profile(lambda: gelu_new(x))
     assert rep.n_kernels >= 6, rep.table()

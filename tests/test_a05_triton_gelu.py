@@ -4,13 +4,14 @@ Runs on the GPU, and under the Triton interpreter on a CPU (small sizes there).
 """
 import pytest
 import torch
+from transformers import GPT2LMHeadModel
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
-from common.gpt2 import GPT2, MLP, GPT2Config, randomize_
 from common.impl import load
 from common.profiling import profile, trace_ops
-from common.testing import assert_close, non_contiguous, randn
+from common.testing import assert_close, non_contiguous, randn, randomize_, tiny_gpt2_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp(-2u) -> inf, by design
 
@@ -95,22 +96,22 @@ def test_torch_compile_fullgraph(mod, dtype):
 
 
 def test_gpt2_mlp_with_triton_gelu(mod):
-    """A tiny GPT-2 whose MLP activation is the Triton op matches the float64 model."""
+    """A tiny transformers GPT-2 whose MLP activation is the Triton op matches the float64 model."""
     class TritonGELU(torch.nn.Module):
         def forward(self, x):
             return mod.gelu(x)
 
     g = torch.Generator().manual_seed(0)
-    cfg = GPT2Config.tiny()
-    model = randomize_(GPT2(cfg), generator=g)
+    cfg = tiny_gpt2_config()
+    model = randomize_(GPT2LMHeadModel(cfg).eval(), generator=g)
     idx = torch.randint(0, cfg.vocab_size, (2, 19), generator=g)
     with torch.no_grad():
-        expected = model.double()(idx)
+        expected = model.double()(idx).logits
         model.float().to(DEVICE)
         for m in model.modules():
-            if isinstance(m, MLP):
+            if isinstance(m, GPT2MLP):
                 m.act = TritonGELU()
-        out = model(idx.to(DEVICE))
+        out = model(idx.to(DEVICE)).logits
     assert_close(out, expected, dtype=torch.float32, rel_tol=1e-4, name="logits")
 
 

@@ -133,3 +133,31 @@ def test_load_op_builds_and_hashes_once_per_process(monkeypatch, tmp_path):
     assert calls == {"load": 1, "digest": 1} and len(names) == 1
     cuda_ext.load_op("k", [src], namespace="ns_test", extra_cuda_cflags=["-DX"])   # other flags: another build
     assert calls == {"load": 2, "digest": 2}
+
+
+def test_fake_cuda_indexing_matches_torch():
+    """common.profiling.fake_cuda routes ``x[...]`` through aten ops (a CPU-only build cannot index
+    a CUDA tensor, even a fake one): the same values as torch's indexing on real tensors, the
+    same shapes on fake CUDA tensors."""
+    import torch
+
+    from common.profiling import _index_ops, fake_cuda
+
+    def cases(i, j, k):
+        return [(slice(None), 1), (None, ..., 2), (1, slice(1, 4, 2)), (-1,), (slice(-2, None),), (..., None),
+                (i,), (i, j), (slice(None), i, j), (i, slice(None), j), (1, j), (..., i), (None, i, None, slice(2)),
+                (j, 2, i), (k,)]
+    x = torch.randn(3, 4, 5, 6)
+    real = cases(torch.tensor([0, 2, 1]), torch.tensor([[1], [2]]), torch.tensor(2))
+    for c in real:
+        got = _index_ops(x, c)
+        assert got is not None and torch.equal(got, x[c]), c
+    assert _index_ops(x, x > 0) is None and _index_ops(x, [0, 1]) is None   # left to torch
+    shapes = [x[c].shape for c in real]
+    with fake_cuda():
+        xf = torch.empty(3, 4, 5, 6, device="cuda")
+        fake = cases(*(torch.zeros(s, dtype=torch.long, device="cuda") for s in ((3,), (2, 1), ())))
+        for c, shape in zip(fake, shapes):
+            assert xf[c].shape == shape and xf[c].device == xf.device, c
+        w = torch.empty(4, 8, device="cuda").uniform_(-1, 1)   # nn.Linear's init
+        assert w.shape == (4, 8) and w.device.type == "cuda"

@@ -1,9 +1,9 @@
-"""a04: GPT-2's GELU as a CUDA torch operator, and a patch that puts it into GPT-2's MLP.
+"""a04: GPT-2's GELU as a CUDA torch operator, and a patch that puts it into transformers' GPT-2.
 
     from solutions.a04_cuda_gelu.fused_gelu import fused_gelu, patch_model
     y = fused_gelu(x)                    # x: CUDA fp32/fp16/bf16, any shape
     y = fused_gelu(x, fast_math=True)    # the --use_fast_math build
-    patch_model(gpt2)                    # every block.mlp.act -> FusedGELU
+    patch_model(model)                   # transformers' GPT-2: every transformer.h[i].mlp.act -> FusedGELU
 
 How the pieces fit (given code unless marked YOUR WORK):
 
@@ -16,7 +16,8 @@ How the pieces fit (given code unless marked YOUR WORK):
 3. ``gelu_kernel.cu`` (YOUR WORK) + ``binding.cpp`` register the CUDA kernel for the
    op (``TORCH_LIBRARY_IMPL(ns, CUDA, m)``). They are built just in time by
    ``common.cuda_ext.load_op`` on the first call (a minute, once per machine; cached).
-4. ``patch_model`` (YOUR WORK) swaps GPT-2's activation module for ``FusedGELU``.
+4. ``patch_model`` (YOUR WORK) swaps the activation module of Hugging Face transformers'
+   GPT-2 (``GPT2MLP.act``, a ``NewGELUActivation``) for ``FusedGELU``.
 
 The namespace ``<ns>`` is the impl's (``course_solutions``, ``course_assignments``,
 ...; ``common.impl.op_namespace``), so several impls can be loaded in one process.
@@ -85,7 +86,8 @@ def fused_gelu(x: torch.Tensor, *, fast_math: bool = False) -> torch.Tensor:
 
 
 class FusedGELU(nn.Module):
-    """Drop-in replacement for ``common.gpt2.NewGELU`` that calls ``fused_gelu``."""
+    """Drop-in replacement for transformers' ``NewGELUActivation`` (GPT-2's ``mlp.act``) that
+    calls ``fused_gelu``."""
 
     def __init__(self, fast_math: bool = False):
         super().__init__()
@@ -104,14 +106,21 @@ class FusedGELU(nn.Module):
 def patch_model(model: nn.Module, *, fast_math: bool = False) -> nn.Module:
     """Replace the activation of every GPT-2 MLP in ``model`` by ``FusedGELU``; in place.
 
-    Contract: every ``common.gpt2.MLP`` submodule's ``act`` becomes a ``FusedGELU(fast_math)``;
-    nothing else changes (weights, other modules). Returns ``model``. Raises ValueError
-    if ``model`` has no GPT-2 MLP.
+    ``model``: a Hugging Face transformers GPT-2 (``GPT2LMHeadModel``, ``GPT2Model``, or any
+    module that contains GPT-2 blocks). Its MLPs are
+    ``transformers.models.gpt2.modeling_gpt2.GPT2MLP`` modules (``c_fc``, ``act``,
+    ``c_proj``, ``dropout``), e.g. ``model.transformer.h[i].mlp``; ``act`` is
+    ``NewGELUActivation`` (``activation_function="gelu_new"``, the tanh GELU as torch ops).
+
+    Contract: every ``GPT2MLP`` submodule's ``act`` becomes a ``FusedGELU(fast_math)``;
+    nothing else changes (weights, other modules). Returns ``model``. Raises ValueError,
+    naming the model's type, if ``model`` has no ``GPT2MLP``.
     """
-    from common.gpt2 import MLP
-    mlps = [m for m in model.modules() if isinstance(m, MLP)]
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+    mlps = [m for m in model.modules() if isinstance(m, GPT2MLP)]
     if not mlps:
-        raise ValueError(f"patch_model: no common.gpt2.MLP found in {type(model).__name__}")
+        raise ValueError(f"patch_model: no transformers GPT2MLP found in {type(model).__name__} "
+                         "(expected a transformers GPT-2: GPT2LMHeadModel, GPT2Model)")
     for mlp in mlps:
         mlp.act = FusedGELU(fast_math)
     return model

@@ -21,8 +21,8 @@ MUTANTS = [
     Mutant(S4, PY4, "patch ignores fast_math",
            [("        mlp.act = FusedGELU(fast_math)", "        mlp.act = FusedGELU()")]),
     Mutant(S4, PY4, "patch searches direct children only",
-           [("mlps = [m for m in model.modules() if isinstance(m, MLP)]",
-             "mlps = [m for m in model.children() if isinstance(m, MLP)]")]),
+           [("mlps = [m for m in model.modules() if isinstance(m, GPT2MLP)]",
+             "mlps = [m for m in model.children() if isinstance(m, GPT2MLP)]")]),
     Mutant(S4, PY4, "patch accepts a model without MLP",
            [("    if not mlps:\n        raise ValueError", "    if False:\n        raise ValueError")]),
     # ---- a04, the CUDA kernel (GPU): test_matches_reference (NaN-poisoned outputs)
