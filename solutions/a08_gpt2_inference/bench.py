@@ -93,6 +93,39 @@ def graph_step_ms(engine, ids, steps: int = 32) -> float:
     return start.elapsed_time(end) / steps
 
 
+def profile_step(engine, ids) -> str:
+    """Where a decode step's time goes: kernels per step, GPU time by kernel, eager vs graph replay."""
+    from torch.profiler import ProfilerActivity, profile
+    b = ids.shape[0]
+    lines = []
+    for mode in ("eager", "graph"):
+        engine.prefill(ids)
+        tok = torch.zeros(b, dtype=torch.long, device="cuda")
+        step = (lambda: engine.decode_step(tok)) if mode == "eager" else (lambda: engine._replay(b, tok))
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            wall_ms = (time.perf_counter() - t0) * 1e3 / 5
+        kern = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in ("Memset", "Memcpy"):
+                k = e.name.split("(")[0][:40]
+                n, us = kern.get(k, (0, 0.0))
+                kern[k] = (n + 1, us + e.device_time / 5)
+        gpu_us = sum(us for _, us in kern.values())
+        n_k = sum(n for n, _ in kern.values()) / 5
+        lines.append(f"decode step B={b}, {mode}: {wall_ms * 1e3:.0f} us wall per step, {gpu_us:.0f} us of kernels, "
+                     f"{n_k:.0f} kernels per step")
+        if mode == "graph":
+            for k, (n, us) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:8]:
+                lines.append(f"    {k:40s} {n / 5:5.0f} per step {us:8.1f} us ({100 * us / gpu_us:.0f}%)")
+    return "\n".join(lines)
+
+
 def bench_case(engine, hf, name, p, b, reps, gbps_copy, skip_compiled):
     from transformers import StaticCache
     vocab = engine.vocab_size
@@ -170,6 +203,10 @@ def main(argv=None):
         hf = hf_gpt2(name, torch.bfloat16)
         engine = eng_mod.GPT2Engine.from_hf(hf, max_batch=max(args.batches), max_seq_len=max(args.prompts) + NEW)
         print(engine.cache.describe(), flush=True)
+        engine.generate(torch.zeros(1, 128, dtype=torch.long, device="cuda"), 3)   # graph for B=1
+        prof = profile_step(engine, torch.zeros(1, 128, dtype=torch.long, device="cuda"))
+        print(prof, flush=True)
+        (Path(args.out).parent / f"a08_profile_{name}.txt").write_text(prof + "\n")
         for b in args.batches:
             for p in args.prompts:
                 t0 = time.perf_counter()
