@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMPL   ?= assignments
+STAGE  ?=
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # CPU-only machines get the CPU build of torch and the Triton the GPU runs were made
 # with (3.6, for its interpreter); GPU machines get the default CUDA build of torch,
@@ -13,7 +14,7 @@ TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0 tr
 .PHONY: test grade notebooks bench-linear clean help
 help:
 	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub check"
-	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission"
+	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
 	@echo "make notebooks - execute every lecture notebook"
 
 $(STAMP):
@@ -27,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest --impl solutions
 
 grade: $(STAMP)
-	$(BIN)/python -m common.grade --impl $(IMPL)
+	$(BIN)/python -m common.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE))
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v
