@@ -8,7 +8,7 @@
 # and 6 are built in the background while the notebooks that do not need them run first;
 # lecture 8 runs last, after the builds (it times host-bound decode steps). Writes
 # OUT_DIR/NN_name.ipynb (executed) and OUT_DIR/render.log. Copy the notebooks to
-# lectures/rendered/ and commit them. Limits: NB_TIMEOUT seconds per notebook (200),
+# lectures/rendered/ and commit them. Limits: NB_TIMEOUT seconds per notebook (300),
 # TOTAL_TIMEOUT for all (480); a copy cut short keeps the cells it finished.
 set -u
 OUT=${1:?usage: render_gpu.sh OUT_DIR}
@@ -23,7 +23,7 @@ LOG="$OUT/render.log"
 } > "$LOG" 2>&1
 BUILD_LOG=$(mktemp)
 python3 -c "from common.cuda_ext import build_course_ops; build_course_ops()" > "$BUILD_LOG" 2>&1 &
-timeout "${TOTAL_TIMEOUT:-480}" python3 lectures/_tools/execute.py --allow-errors --timeout "${NB_TIMEOUT:-200}" --out "$OUT" \
+timeout "${TOTAL_TIMEOUT:-480}" python3 lectures/_tools/execute.py --allow-errors --timeout "${NB_TIMEOUT:-300}" --out "$OUT" \
   lectures/01_*.ipynb lectures/02_*.ipynb lectures/03_*.ipynb lectures/05_*.ipynb \
   lectures/07_*.ipynb lectures/04_*.ipynb lectures/06_*.ipynb lectures/08_*.ipynb >> "$LOG" 2>&1
 rc=$?
