@@ -66,6 +66,7 @@ class Perf:
     baseline_name: str
     flops: float
     bytes: float
+    tol: float = 2e-2          # relative error allowed between submission and baseline at the timed size
 
 
 @dataclass
