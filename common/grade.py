@@ -166,14 +166,14 @@ def _worker(impl: str, stage_key: str) -> dict:
         p = stage.perf(load)
         expected = p.baseline()
         err = rel_error(p.submission(), expected)
-        if err > 2e-2:
+        if not err <= p.tol:
             res["correctness"] = "fail"
             res["message"] = f"{p.label}: differs from {p.baseline_name} by relative error {err:.2e} at the timed size"
             return res
 
         def check(out):
             e = rel_error(out, expected)
-            if not e <= 2e-2:
+            if not e <= p.tol:
                 raise _TimedCallWrong(f"{p.label}: the timed (graph-captured) call's output differs from "
                                       f"{p.baseline_name} by relative error {e:.2e}")
         # GPU time by CUDA-graph replay, for the submission and the baseline alike: launch

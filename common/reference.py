@@ -85,3 +85,21 @@ def attention_backward(q, k, v, do, is_causal: bool = False, scale: float | None
         t.requires_grad_(True)
     o, _ = _attention(q, k, v, is_causal, scale)
     return torch.autograd.grad(o, (q, k, v), do)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) · weight + bias over the last dim, biased variance (torch.nn.LayerNorm)."""
+    x, w, b = _f64(x, weight, bias)
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * w + b
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths) -> torch.Tensor:
+    """One query per (sequence, head) against its first lengths[b] cache positions: q [B, H, d],
+    caches [B, H, S_max, d] -> [B, H, d] in float64 (positions past a length are never read)."""
+    q, k, v = _f64(q, k_cache, v_cache)
+    out = torch.empty_like(q)
+    for i, n in enumerate(lengths):
+        out[i] = _attention(q[i][:, None], k[i, :, :n], v[i, :, :n], False, None)[0][:, 0]
+    return out

@@ -66,6 +66,7 @@ class Perf:
     baseline_name: str
     flops: float
     bytes: float
+    tol: float = 2e-2          # relative error allowed between submission and baseline at the timed size
 
 
 @dataclass
@@ -322,6 +323,277 @@ def _a07_perf(load):
                 attention_flops(b * h, s, s, d, True), 4 * b * h * s * d * 2)
 
 
+# ----------------------------------------------------------------------------- a08
+#: The work stage 8's kernels (and the a06 matmul / a07 attention under them) replace. Prefixes
+#: of aten op names; "aten.exp." and not "aten.exp", which would also match aten.expand.
+TORCH_NORM = ("aten.native_layer_norm", "aten.layer_norm", "aten.var", "aten.std", "aten.mean", "aten.rsqrt",
+              "aten.sqrt")
+TORCH_GELU = ("aten.gelu", "aten.tanh", "aten.erf", "aten.sigmoid")
+TORCH_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._safe_softmax", "aten._log_softmax", "aten.log_softmax",
+                 "aten.logsumexp", "aten.exp.", "aten.exp_.", "aten.exp2")
+#: Torch-side KV-cache writes (slicing assignment is aten.copy_; the interpreter copies too, so
+#: copy_ only counts on a GPU, where its kernel is also caught by ATEN_KERNELS).
+TORCH_SCATTER = ("aten.index_put", "aten.scatter", "aten.slice_scatter", "aten.select_scatter", "aten.index_copy")
+#: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
+#: argmax of generate, copies), so it is checked for the kernels of the work itself only.
+NORM_KERNELS = ("layer_norm", "LayerNormForward", "RowwiseMoments")
+ACT_KERNELS = ("GeluCUDAKernel", "tanh_kernel", "softmax")
+ENGINE_OPS = TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX
+ENGINE_KERNELS = BLAS_KERNELS + ATTN_KERNELS + NORM_KERNELS + ACT_KERNELS
+A08_TINY = dict(vocab_size=257, n_positions=64, n_embd=64, n_layer=2)
+
+
+def _nan(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _decode_attention_trial(dec, g, rng, splits_forced: bool) -> Trial:
+    dtype = _pick_dtype(rng)
+    b, h = rng.randint(2, 4 if not HAS_CUDA else 8), rng.randint(1, 4 if not HAS_CUDA else 16)
+    d = rng.choice([16, 32, 64])
+    s_max = rng.randint(2, 120 if not HAS_CUDA else 2000)
+    lengths = [1, s_max] + [rng.randint(1, s_max) for _ in range(b - 2)]    # the extremes, then any
+    rng.shuffle(lengths)
+    qkv = _randn(g, b, 3 * h * d, dtype=dtype)                 # q: a strided view, as the engine passes it
+    k, v = _randn(g, b, h, s_max, d, dtype=dtype), _randn(g, b, h, s_max, d, dtype=dtype)
+    for i, n in enumerate(lengths):                            # reading past a length poisons the output
+        k[i, :, n:] = float("nan")
+        v[i, :, n:] = float("nan")
+    q = qkv[:, :h * d].view(b, h, d)
+    expected = ref.decode_attention(q, k, v, lengths)
+    splits = rng.randint(2, 5) if splits_forced else None
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+
+    def call(qkv=qkv.clone(), k=k.clone(), v=v.clone(), lens=lens.clone(), out=_nan((b, h, d), dtype)):
+        return dec.decode_attention(qkv[:, :h * d].view(b, h, d), k, v, lens, splits=splits, out=out)
+    return Trial(f"decode_attention B={b} H={h} d={d} S_max={s_max} lengths={lengths} splits={splits} {dtype}",
+                 call, expected, REL_TOL[dtype], forbidden_ops=TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
+                 forbidden_kernels=ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS)
+
+
+def _layernorm_trials(ln, g, rng) -> list[Trial]:
+    dtype = _pick_dtype(rng)
+    c = 2 * rng.randint(1, 800) + 1                            # odd: the row never fills a power-of-2 block
+    lead = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 2)))
+    x = _randn(g, *lead, c, dtype=dtype, scale=3.0)
+    r = (_randn(g, *lead, c) + 2.0).to(dtype)                 # nonzero mean
+    w, b = _randn(g, c) * 0.5 + 1.0, _randn(g, c) * 0.5
+    eps = rng.choice([1e-5, 1e-3])
+    h64 = ref._f64(x)[0] + ref._f64(r)[0]
+    expected = (h64, ref.layer_norm(h64.to(dtype), w, b, eps))   # y normalises h as stored in x's dtype
+    forbid = dict(forbidden_ops=TORCH_ARITH + TORCH_NORM, forbidden_kernels=ATEN_KERNELS + NORM_KERNELS)
+    trials = [Trial(f"add_layernorm {(*lead, c)} eps={eps} {dtype}",
+                    lambda x=x.clone(), r=r.clone(), w=w.clone(), b=b.clone(), ho=_nan(x.shape, dtype),
+                    yo=_nan(x.shape, dtype): ln.add_layernorm(x, r, w, b, eps, out=yo, h_out=ho),
+                    expected, REL_TOL[dtype], **forbid)]
+    rows, c2 = rng.randint(1, 9), 2 * rng.randint(1, 300) + 1
+    big = _randn(g, 2 * rows, 2 * c2, dtype=dtype, scale=rng.choice([1e-2, 1.0]))
+    w2, b2 = _randn(g, c2) + 1.0, _randn(g, c2)
+    xv = big[::2, 1:c2 + 1]                                    # strided rows, offset columns
+    trials.append(Trial(f"layernorm (no residual) of a strided [{rows}, {c2}] view eps={eps} {dtype}",
+                        lambda big=big.clone(), w=w2.clone(), b=b2.clone(): ln.layernorm(big[::2, 1:c2 + 1], w, b, eps),
+                        ref.layer_norm(xv, w2, b2, eps), REL_TOL[dtype], **forbid))
+    return trials
+
+
+def _write_kv_trial(kv, g, rng) -> Trial:
+    dtype = _pick_dtype(rng)
+    b, h, d = rng.randint(1, 4), rng.randint(1, 4), rng.choice([16, 32, 64])
+    t, s_max = rng.randint(1, 6), rng.randint(8, 40)
+    start = [rng.randint(0, s_max - t) for _ in range(b)]
+    start[rng.randrange(b)] = s_max - 1                        # runs off the end: positions >= S_max stay
+    qkv = _randn(g, b, t, 3 * h * d, dtype=dtype)
+    sentinel = -4096.0                                         # exact in every dtype; slots never written keep it
+    want = torch.full((2, b, h, s_max, d), sentinel, dtype=torch.float64)
+    q5 = ref._f64(qkv)[0].view(b, t, 3, h, d)
+    for i, s in enumerate(start):
+        n = min(t, s_max - s)
+        want[:, i, :, s:s + n] = q5[i, :n, 1:].permute(1, 2, 0, 3)
+    caches = torch.full((2, b, h, s_max, d), sentinel, dtype=dtype, device=DEVICE)
+    st = torch.tensor(start, dtype=torch.int32, device=DEVICE)
+
+    def call(qkv=qkv.clone(), caches=caches, st=st):          # idempotent: rewrites the same slots
+        kv.write_kv(qkv, caches[0], caches[1], st)
+        return caches[0], caches[1]
+    return Trial(f"write_kv B={b} T={t} H={h} d={d} S_max={s_max} start={start} {dtype}", call,
+                 (want[0], want[1]), 0.0,
+                 forbidden_ops=TORCH_ARITH + TORCH_SCATTER + (("aten.copy_",) if HAS_CUDA else ()),
+                 forbidden_kernels=ATEN_KERNELS)
+
+
+def _tiny_gpt2(seed: int, n_head: int):
+    """A transformers GPT-2 with random weights, biases and LayerNorms (as tests/test_a08's hf_model):
+    initializer range 0.3, so greedy generation wanders through the vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from .testing import randomize_
+    cfg = GPT2Config(**A08_TINY, n_head=n_head, initializer_range=0.3, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0, bos_token_id=A08_TINY["vocab_size"] - 1, eos_token_id=A08_TINY["vocab_size"] - 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(cfg).eval()
+    randomize_(model, generator=torch.Generator().manual_seed(seed + 1), std=0.1)
+    model.generation_config.eos_token_id = None        # exactly max_new_tokens, like the engine
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _prompts(g, lengths, vocab):
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _engine_trials(eng, g, rng) -> list[Trial]:
+    import copy
+    vocab = A08_TINY["vocab_size"]
+    model = _tiny_gpt2(rng.randrange(2**31), rng.choice([2, 4]))
+    m64 = copy.deepcopy(model).to(torch.float64)
+    forbid = dict(forbidden_ops=ENGINE_OPS, forbidden_kernels=ENGINE_KERNELS)
+    trials = []
+
+    def new_engine(b, s):
+        engine = eng.GPT2Engine.from_hf(model, dtype=torch.float32, max_batch=b + 1, max_seq_len=s)
+        engine.cache.k.fill_(float("nan"))             # a slot read before it is written shows
+        engine.cache.v.fill_(float("nan"))
+        return engine
+
+    # (c) prefill + teacher-forced decode steps, a right-padded batch of different prompt lengths:
+    # every step's logits against the model run in float64.
+    steps = 3
+    lengths = [rng.randint(1, 3), rng.randint(4, 9), rng.randint(10, 16)][:rng.randint(2, 3)]
+    rng.shuffle(lengths)
+    prompts, follow = _prompts(g, lengths, vocab), _prompts(g, [steps] * len(lengths), vocab)
+    with torch.no_grad():
+        full = [m64(torch.tensor([p + f])).logits[0, len(p) - 1:len(p) + steps] for p, f in zip(prompts, follow)]
+    expected = tuple(full[i][j] for j in range(steps + 1) for i in range(len(prompts)))
+
+    def decode(prompts=prompts, follow=follow):
+        engine = new_engine(len(prompts), 32)
+        ids, lens = engine.pad(prompts)
+        out = [engine.prefill(ids, lens)]
+        for j in range(steps):
+            out.append(engine.decode_step(torch.tensor([f[j] for f in follow], device=engine.device)))
+        return tuple(o[i] for o in out for i in range(len(prompts)))
+    trials.append(Trial(f"GPT2Engine fp32: prefill + {steps} decode steps, prompt lengths {lengths}, logits vs "
+                        f"transformers in float64", decode, expected, REL_TOL[torch.float32], **forbid))
+
+    # (d) greedy generation, token for token with transformers' generate (float64) per prompt. A
+    # step whose two best logits nearly tie could flip on rounding alone: such prompts are redrawn.
+    new = 4
+    for _ in range(20):
+        lengths = [rng.randint(1, 4), rng.randint(5, 14)]
+        rng.shuffle(lengths)
+        prompts = _prompts(g, lengths, vocab)
+        want, gap = [], float("inf")
+        with torch.no_grad():
+            for p in prompts:
+                r = m64.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True)
+                want.append(r.sequences[0, len(p):].tolist())
+                for lg in r.logits:
+                    top = lg[0].topk(2).values
+                    gap = min(gap, ((top[0] - top[1]) / lg[0].abs().max()).item())
+        if gap > 1e-4:
+            break
+
+    def generate(prompts=prompts):      # eager steps (graph replay is what the performance case times)
+        return new_engine(len(prompts), 32).generate(prompts, new, cuda_graph=False).cpu()
+    trials.append(Trial(f"GPT2Engine fp32: generate({new}) of prompts of lengths {lengths}, greedy tokens vs "
+                        f"transformers' generate", generate, torch.tensor(want), 0, exact=True, **forbid))
+    return trials
+
+
+def _a08_trials(load, rng):
+    dec = load("a08_gpt2_inference.decode_attention")
+    ln = load("a08_gpt2_inference.layernorm")
+    kv = load("a08_gpt2_inference.kv_cache")
+    eng = load("a08_gpt2_inference.engine")
+    g = _gen(rng)
+    return ([_decode_attention_trial(dec, g, rng, False), _decode_attention_trial(dec, g, rng, True)]
+            + _layernorm_trials(ln, g, rng) + [_write_kv_trial(kv, g, rng)] + _engine_trials(eng, g, rng))
+
+
+def _hf_static_step(hf, ids: torch.Tensor, tok: torch.Tensor, ctx: int):
+    """transformers' GPT-2 decoding ``tok`` after the prompt ``ids`` (ctx tokens) with a StaticCache,
+    as one idempotent, graph-capturable call: the prefill runs once here; every call puts the
+    cache's write position back to ctx first, so each replay writes the same slot."""
+    from transformers import StaticCache
+    b = ids.shape[0]
+    try:
+        cache = StaticCache(config=hf.config, max_cache_len=ctx + 8)
+    except TypeError:                                    # older transformers
+        cache = StaticCache(config=hf.config, max_batch_size=b, max_cache_len=ctx + 8, device=ids.device,
+                            dtype=hf.dtype)
+    with torch.no_grad():
+        hf(ids, past_key_values=cache, use_cache=True)   # prefill: the cache holds ctx tokens
+    # transformers 5: each layer keeps its write position in a device tensor (cumulative_length),
+    # advanced in place by every update. Make them views of one tensor: one fill_ resets them all.
+    layers = [la for la in getattr(cache, "layers", ()) if isinstance(getattr(la, "cumulative_length", None), torch.Tensor)]
+    if layers:
+        pos = torch.full((len(layers),), ctx, dtype=layers[0].cumulative_length.dtype, device=ids.device)
+        for i, la in enumerate(layers):
+            la.cumulative_length = pos[i]
+        kw = {}
+    else:                                                # transformers that take the slot as cache_position
+        pos = None
+        kw = dict(cache_position=torch.tensor([ctx], device=ids.device))
+
+    def step():
+        if pos is not None:
+            pos.fill_(ctx)
+        with torch.no_grad():
+            return hf(tok[:, None], past_key_values=cache, use_cache=True, **kw).logits[:, -1]
+    return step
+
+
+def a08_decode_case(load, cfg: dict, *, batch: int = 1, ctx: int = 128, dtype=torch.bfloat16,
+                    device: str = "cuda", tol: float = 6e-2) -> Perf:
+    """One decode step of a random-weight GPT-2 of config ``cfg`` after ``ctx`` tokens of context:
+    the engine against transformers' GPT2LMHeadModel decoding one token with a static KV cache.
+    The grader captures both in a CUDA graph and replays them: each call first puts the context
+    back to the same ctx tokens (the engine: cache.lengths; transformers: the static cache's write
+    position), so every replay writes the same cache slot and computes the same logits."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    eng = load("a08_gpt2_inference.engine")
+    b = batch
+    cfg = GPT2Config(**cfg, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        hf = GPT2LMHeadModel(cfg).eval()
+    hf = hf.to(device, dtype)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (b, ctx), generator=g).to(device)
+    tok = torch.randint(0, cfg.vocab_size, (b,), generator=g).to(device)
+    engine = eng.GPT2Engine.from_hf(hf, dtype=dtype, device=device, max_batch=b, max_seq_len=ctx + 8)
+    engine.prefill(ids)
+    context = torch.full((b,), ctx, dtype=torch.int32, device=device)
+
+    def submission():
+        engine.cache.lengths[:b].copy_(context)         # back to ctx tokens: the step is idempotent
+        return engine.decode_step(tok)
+
+    # FLOPs: 2 per weight per token in the matmuls (per layer 3C² + C² + 4C² + 4C² = 12C², and the
+    # LM head vocab x C) + attention over the context, 2·2·(ctx + 1)·C per layer (q·kᵀ and p·v).
+    # Bytes: every weight read once (wpe: B rows) + the KV cache read, ctx + 1 positions per sequence.
+    c, n_layer = cfg.n_embd, cfg.n_layer
+    flops = 2 * b * (n_layer * 12 * c * c + cfg.vocab_size * c) + 4 * b * n_layer * (ctx + 1) * c
+    weights = sum(t.nbytes for layer in engine.layers for t in vars(layer).values())
+    weights += engine.wte.nbytes + engine.ln_f_w.nbytes + engine.ln_f_b.nbytes + b * engine.wpe[0].nbytes
+    nbytes = weights + b * (ctx + 1) * engine.kv_bytes_per_token
+    return Perf(f"GPT-2 decode step (n_embd {c}, {n_layer} layers), batch {b}, context {ctx}, "
+                f"{str(dtype).replace('torch.', '')}", submission, _hf_static_step(hf, ids, tok, ctx),
+                "transformers GPT2LMHeadModel, StaticCache", flops, nbytes, tol=tol)
+
+
+#: GPT-2 small's shape; the initializer range of GPT-2 itself.
+GPT2_SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, initializer_range=0.02)
+
+
+def _a08_perf(load):
+    # bf16 through 12 layers: transformers itself is ~1.2e-2 (relative) from float64 at this shape,
+    # so two correct bf16 implementations differ by up to ~2-3e-2; wrong logits are off by ~1.
+    return a08_decode_case(load, GPT2_SMALL, batch=1, ctx=128, dtype=torch.bfloat16, tol=6e-2)
+
+
 STAGES: list[Stage] = [
     Stage("a01_roundtrip_linear", "Round-trip Linear: transfer counter", _a01_trials),
     Stage("a02_pretransposed_linear", "Pre-transposed Linear", _a02_trials, _a02_perf),
@@ -332,6 +604,7 @@ STAGES: list[Stage] = [
           lambda load: _gelu_perf(load("a05_triton_gelu.gelu_triton").gelu, "Triton gelu")),
     Stage("a06_matmul", "Tiled matmul (CUDA + Triton)", _a06_trials, _a06_perf, perf_target=0.8),
     Stage("a07_flash_attention", "Flash attention fwd+bwd", _a07_trials, _a07_perf, perf_target=0.7),
+    Stage("a08_gpt2_inference", "GPT-2 inference: prefill + KV-cache decode", _a08_trials, _a08_perf, perf_target=1.0),
 ]
 
 

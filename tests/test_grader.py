@@ -173,3 +173,48 @@ def test_graph_timing_checks_what_it_times():
     cached = expected.clone()
     with pytest.raises(AssertionError, match="did not produce"):
         bench_graph(lambda: cached, check=check)
+
+
+def test_a08_trials_pass_the_solution_and_fail_the_stubs(tmp_path):
+    """Stage 8's trials (kernels against float64, the engine against transformers) on fresh draws."""
+    report, _, table = _grade("solutions", tmp_path, "a08", "--no-tests")
+    (st,) = report["stages"]
+    assert st["correctness"] == "pass" and st["trials_passed"] == st["trials_total"] >= 7, table
+    report, _, table = _grade("assignments", tmp_path, "a08", "--no-tests")
+    (st,) = report["stages"]
+    assert st["correctness"] == "fail" and st["trials_passed"] == 0 and st["score"] == 0, table
+
+
+def _a08_tiny_case(device, dtype, tol):
+    from common.impl import load
+    from common.stages import a08_decode_case
+    cfg = dict(vocab_size=257, n_positions=64, n_embd=64, n_layer=2, n_head=2, initializer_range=0.3)
+    return a08_decode_case(lambda m: load(m, "solutions"), cfg, batch=2, ctx=9, dtype=dtype, device=device, tol=tol)
+
+
+def test_a08_perf_calls_are_idempotent_and_agree():
+    """The timed calls of stage 8 (the engine's decode step, transformers' static-cache step) give
+    the same logits call after call, as graph replay needs, and the same logits as each other."""
+    from common.testing import rel_error
+    p = _a08_tiny_case("cpu", torch.float32, 1e-5)
+    base, sub = p.baseline().clone(), p.submission().clone()
+    assert torch.equal(base, p.baseline()) and torch.equal(sub, p.submission()), "a timed call is not idempotent"
+    assert rel_error(sub, base) <= p.tol, f"engine and transformers differ by {rel_error(sub, base):.2e}"
+    assert p.flops > 0 and p.bytes > 0
+
+
+@pytest.mark.gpu
+def test_a08_perf_case_replays_in_a_graph():
+    """GPT-2 small's decode step, engine and transformers, captured and replayed as the grader times them."""
+    from common.impl import load
+    from common.stages import _a08_perf
+    from common.testing import rel_error
+    from common.timing import bench_graph
+    p = _a08_perf(lambda m: load(m, "solutions"))
+    expected = p.baseline()
+    assert rel_error(p.submission(), expected) <= p.tol
+
+    def check(out):
+        assert rel_error(out, expected) <= p.tol, f"replayed output off by {rel_error(out, expected):.2e}"
+    assert bench_graph(p.submission, check=check).median_ms > 0
+    assert bench_graph(p.baseline, check=check).median_ms > 0
