@@ -3,7 +3,8 @@ roofline accounting, CUDA-extension builds and float64 reference implementations
 
 Importing ``common`` first thing makes Triton kernels run under the Triton
 interpreter on machines without a CUDA GPU (``TRITON_INTERPRET=1``), so every
-Triton stage can be checked on a laptop CPU.
+Triton stage can be checked on a laptop CPU; there, loads and stores are also
+bounds-checked (an off-by-one mask raises an error naming the kernel and the tensor).
 """
 import os
 
@@ -17,6 +18,16 @@ if not HAS_CUDA:
 #: Where kernels run: "cuda" on a GPU machine, "cpu" under the Triton interpreter.
 DEVICE: str = "cuda" if HAS_CUDA else "cpu"
 TRITON_INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+if TRITON_INTERPRET:
+    # Out-of-bounds loads and stores raise a clear error under the interpreter instead of
+    # silently corrupting host memory (common/interpreter_patch.py). Never on a GPU run.
+    try:
+        from common.interpreter_patch import patch_bounds_check
+    except ImportError:     # no triton on this platform
+        pass
+    else:
+        patch_bounds_check()
 
 
 def is_hopper(device=None) -> bool:

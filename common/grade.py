@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -253,14 +254,29 @@ def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, 
         xml = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", str(test), "--impl", str(impl), "-q", "-p", "no:cacheprovider",
                "-m", "graded", "--tb=short", f"--junitxml={xml}"]
+        running = Path(tmp) / "running"       # tests/autograder.py writes each test's id here as it starts
+        env = dict(os.environ, COURSE_RUNNING_TEST_FILE=str(running))
         try:
-            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return 0, 1, 0, f"tests timed out after {timeout:.0f} s"
         if not xml.exists():
-            return 0, 1, 0, f"tests crashed: {(r.stdout + r.stderr)[-300:]}"
+            test = running.read_text().strip() if running.exists() else ""
+            return 0, 1, 0, f"tests {_died(r.returncode)}" + (f" while running {test}" if test else
+                                                                 f": {(r.stdout + r.stderr)[-300:]}")
         out = junit_outcomes(xml)
         return len(out["passed"]), len(out["failed"]), len(out["skipped"]), out["first_failure"]
+
+
+def _died(returncode: int) -> str:
+    """'crashed with SIGABRT (signal 6)' for a process killed by a signal, else its exit code."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "a signal"
+        return f"crashed with {name} (signal {-returncode})"
+    return f"crashed (exit {returncode})"
 
 
 def _run_worker(impl: Path, key: str, timeout: float) -> dict:
@@ -272,9 +288,9 @@ def _run_worker(impl: Path, key: str, timeout: float) -> dict:
     for line in r.stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
-    tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+    tail = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if not ln.startswith("Extension modules:")][-3:]
     return {"correctness": "fail", "violations": [],
-            "message": f"crashed (exit {r.returncode}): {' | '.join(tail)[-400:]}"}
+            "message": _died(r.returncode) + (f": {' | '.join(tail)[-400:]}" if tail else " in the grader's trials")}
 
 
 def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> StageResult:

@@ -113,6 +113,18 @@ def test_crash_and_hang_fail_only_their_stage(tmp_path):
     assert a02["score"] == a03["score"] == 0 and a01["score"] == a01["max_score"], table  # trials alone carry the score
 
 
+def test_a_crashing_test_is_named(tmp_path):
+    """A test that kills pytest (an abort, a segfault in an extension) is reported by name and signal."""
+    sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [
+        ("    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n",
+         "    __import__('os').abort()\n    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n")]})
+    report, gs, table = _grade(sub, tmp_path, "a03", "--timeout", "120")
+    _validate_gradescope(gs)
+    msg = report["stages"][0]["message"]
+    assert "tests crashed with SIGABRT (signal 6) while running tests/test_a03_fused_linear.py::test_add_bias" in msg, table
+    assert msg.startswith("crashed with SIGABRT (signal 6)"), table      # the grader's own trials too
+
+
 @pytest.mark.parametrize("flag", ["--json"])
 def test_json_output(tmp_path, flag):
     r = subprocess.run([*GRADE, "--impl", "solutions", "--stages", "a01", flag, "--no-tests"], cwd=REPO,

@@ -63,3 +63,6 @@ def test_mutant_is_caught(mutant, outcomes):
     r = results[mutant.id]
     assert "error" not in r, r["error"]
     assert r["caught"], f"mutant '{mutant.bug}' in {mutant.stage}/{mutant.file} was not caught by any graded test"
+    missing = [s for s in mutant.expect if s not in r.get("message", "")]
+    assert not missing, (f"mutant '{mutant.bug}' was caught by {r['first_failure']}, but the failure message lacks "
+                         f"{missing}; it reads:\n{r.get('message', '')}")

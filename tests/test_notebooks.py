@@ -12,6 +12,7 @@ show. Not graded (no ``impl`` fixture). The executed H100 copies in
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -82,8 +83,18 @@ def test_executes_and_plots(name, kernel_name):
     assert pngs >= 1, f"{name}: no plot was drawn"
 
 
+def _stale() -> dict[str, str]:
+    """Notebooks whose rendered copy is known to be out of date: ``- NAME.ipynb: reason`` lines of
+    lectures/rendered/STALE.md."""
+    path = LECTURES / "rendered" / "STALE.md"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return dict(m.groups() for m in (re.match(r"- (\S+\.ipynb):\s*(.+)", ln.strip()) for ln in lines) if m)
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_rendered_copy_has_outputs(name):
+    if name in _stale():
+        pytest.skip(f"rendered copy of {name} listed as out of date in lectures/rendered/STALE.md: {_stale()[name]}")
     path = LECTURES / "rendered" / name
     if not path.exists():
         pytest.skip(f"no GPU-rendered copy of {name} yet (lectures/rendered/)")
@@ -93,6 +104,19 @@ def test_rendered_copy_has_outputs(name):
     assert not [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
     src = {"".join(c["source"]) for c in _load(name)["cells"]}
     assert {"".join(c["source"]) for c in nb["cells"]} == src, f"{name}: rendered copy is out of date with lectures/{name}"
+
+
+@pytest.mark.parametrize("name", sorted(_stale()))
+def test_stale_entry_is_still_stale(name):
+    """An entry of lectures/rendered/STALE.md must not outlive the re-render that fixes it."""
+    path = LECTURES / "rendered" / name
+    assert (LECTURES / name).exists(), f"lectures/rendered/STALE.md lists {name}, which is not a lecture"
+    if not path.exists():
+        return                      # no rendered copy at all: test_rendered_copy_has_outputs skips it anyway
+    src = {"".join(c["source"]) for c in _load(name)["cells"]}
+    rendered = {"".join(c["source"]) for c in json.loads(path.read_text())["cells"]}
+    assert rendered != src, (f"lectures/rendered/{name} is up to date with lectures/{name}: "
+                             f"delete its line from lectures/rendered/STALE.md")
 
 
 def test_executor_keeps_streams_results_figures_and_errors(tmp_path):

@@ -3,7 +3,9 @@
 A :class:`Mutant` is a copy of ``solutions/`` with a few exact text edits in one
 stage (each ``old`` must occur exactly once, so a mutant cannot silently stop
 applying when a solution changes). ``tests/test_mutants.py`` grades each one and
-expects at least one graded test of its stage to fail.
+expects at least one graded test of its stage to fail; where ``expect`` is given,
+the first failure's message must also contain each of those strings (a bug the
+student should be told about in plain words, e.g. the kernel name and "out of bounds").
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ class Mutant:
     bug: str
     edits: list[tuple[str, str]] = field(default_factory=list)
     gpu: bool = False          # only a GPU run can catch it (CUDA kernels, profiler)
+    expect: tuple[str, ...] = ()   # substrings the first failure's message must contain
 
     @property
     def id(self) -> str:

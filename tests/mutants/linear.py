@@ -29,6 +29,8 @@ MUTANTS = [
     # ---- a03: bias kernel and fused Linear
     Mutant("a03_fused_linear", "add_bias.py", "off-by-one row mask",
            [("mask = (rows[:, None] < M) & col_ok[None, :]", "mask = (rows[:, None] < M - 1) & col_ok[None, :]")]),
+    Mutant("a03_fused_linear", "add_bias.py", "column mask off by one",      # reads b[N] and y[.., N]: past the end
+           [("col_ok = cols < N", "col_ok = cols <= N")], expect=("add_bias_kernel", "out of bounds")),
     Mutant("a03_fused_linear", "add_bias.py", "row stride ignored",
            [("tl.load(y_ptr + rows[:, None] * stride_ym", "tl.load(y_ptr + rows[:, None] * N")]),
     Mutant("a03_fused_linear", "add_bias.py", "bias broadcast along the wrong axis",

@@ -34,11 +34,15 @@ def apply(mutant: Mutant, dest: Path) -> Path:
 class _Outcome:
     def __init__(self):
         self.failed: list[str] = []
+        self.message = ""          # the first failure's exception line(s), for Mutant.expect
         self.passed = 0
 
     def pytest_runtest_logreport(self, report):
         if report.failed:
             self.failed.append(report.nodeid.split("::")[-1])
+            if not self.message:
+                crash = getattr(report.longrepr, "reprcrash", None)
+                self.message = (crash.message if crash is not None else report.longreprtext)[-2000:]
         elif report.passed and report.when == "call":
             self.passed += 1
 
@@ -57,7 +61,8 @@ def run(ids: list[str]) -> dict[str, dict]:
             out = _Outcome()
             code = pytest.main([str(REPO / "tests" / f"test_{m.stage}.py"), "--impl", str(sub), "-m", "graded", "-x",
                                 "-q", "--tb=no", "--no-header", "-p", "no:cacheprovider"], plugins=[out])
-            results[mid] = {"caught": bool(out.failed), "exit": int(code), "first_failure": out.failed[:1]}
+            results[mid] = {"caught": bool(out.failed), "exit": int(code), "first_failure": out.failed[:1],
+                            "message": out.message}
         print(f"{mid}: {'caught' if results[mid]['caught'] else 'NOT CAUGHT'}", file=sys.stderr, flush=True)
     return results
 

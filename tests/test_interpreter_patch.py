@@ -1,0 +1,189 @@
+"""The course's bounds check for the Triton interpreter (common/interpreter_patch.py).
+
+Plain Triton's interpreter reads and writes past the end of a tensor's host buffer
+without a word and the process may abort later; with ``import common`` an access
+outside every tensor argument raises OutOfBoundsError naming the kernel, the
+argument and the offsets. Not graded (course self-check); CPU/interpreter only.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import common
+from common.interpreter_patch import OutOfBoundsError, patch_bounds_check
+
+pytestmark = pytest.mark.skipif(not common.TRITON_INTERPRET, reason="checks the Triton interpreter (TRITON_INTERPRET=1)")
+
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, LOAD_LE: tl.constexpr, STORE_LE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    load_mask = (offs <= n) if LOAD_LE else (offs < n)       # <=: the off-by-one bug
+    store_mask = (offs <= n) if STORE_LE else (offs < n)
+    x = tl.load(x_ptr + offs, mask=load_mask, other=0.0)
+    tl.store(out_ptr + offs, x, mask=store_mask)
+
+
+@triton.jit
+def copy_unmasked_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+
+@triton.jit
+def shifted_kernel(x_ptr, out_ptr, n, shift, stride, BLOCK: tl.constexpr):
+    """out[i] = x[(i + shift) * stride] for i < n: offsets may be negative or past numel on purpose."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + (offs + shift) * stride, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, x, mask=mask)
+
+
+@triton.jit
+def _load_helper(ptr, offs, mask):
+    return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def nested_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, _load_helper(x_ptr, offs, offs <= n), mask=offs < n)
+
+
+@triton.jit
+def concat_kernel(a_ptr, b_ptr, out_ptr, na, n, BLOCK: tl.constexpr):
+    """out = cat(a, b): each lane's pointer comes from one of two tensors (tl.where)."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    src = tl.where(offs < na, a_ptr + offs, b_ptr + (offs - na))
+    tl.store(out_ptr + offs, tl.load(src, mask=mask, other=0.0), mask=mask)
+
+
+@triton.jit
+def block_ptr_kernel(x_ptr, out_ptr, M, N, BLOCK: tl.constexpr, CHECK: tl.constexpr):
+    src = tl.make_block_ptr(x_ptr, (M, N), (N, 1), (0, 0), (BLOCK, BLOCK), (1, 0))
+    dst = tl.make_block_ptr(out_ptr, (M, N), (N, 1), (0, 0), (BLOCK, BLOCK), (1, 0))
+    if CHECK:
+        tl.store(dst, tl.load(src, boundary_check=(0, 1), padding_option="zero"), boundary_check=(0, 1))
+    else:
+        tl.store(dst, tl.load(src))
+
+
+def _copy(n=1000, block=256, load_le=False, store_le=False):
+    x = torch.randn(n)
+    out = torch.zeros(n)
+    copy_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, LOAD_LE=load_le, STORE_LE=store_le)
+    return x, out
+
+
+def test_correct_mask_passes():
+    x, out = _copy()                   # 4 programs x 256 lanes = 1024 offsets for 1000 elements, masked
+    assert torch.equal(out, x)
+
+
+def test_off_by_one_load_raises_with_a_clear_message():
+    with pytest.raises(OutOfBoundsError) as ei:
+        _copy(load_le=True)
+    msg = str(ei.value)
+    first = msg.splitlines()[0]
+    assert first.startswith("copy_kernel: tl.load from argument 'x_ptr' out of bounds:"), msg
+    assert "element offsets [1000] lie outside the tensor's 1000 elements" in first, msg
+    assert "first bad lane: lane 232, offset 1000, mask was True" in first, msg
+    assert "program_id (3, 0, 0)" in first, msg
+    assert "not `offs <= n`" in msg
+
+
+def test_off_by_one_store_raises_before_writing():
+    with pytest.raises(OutOfBoundsError, match=r"copy_kernel: tl\.store to argument 'out_ptr' out of bounds: "
+                                               r"element offsets \[1000\] lie outside the tensor's 1000 elements"):
+        _copy(store_le=True)
+
+
+def test_error_is_an_interpreter_error_and_the_next_launch_works():
+    from triton.runtime.errors import InterpreterError
+    with pytest.raises(InterpreterError):
+        _copy(load_le=True)
+    with pytest.raises(IndexError):
+        _copy(load_le=True)
+    x, out = _copy()
+    assert torch.equal(out, x)
+
+
+def test_unmasked_access_past_the_end():
+    x, out = torch.randn(100), torch.zeros(100)
+    with pytest.raises(OutOfBoundsError) as ei:
+        copy_unmasked_kernel[(1,)](x, out, BLOCK=128)
+    msg = str(ei.value)
+    assert "tl.load from argument 'x_ptr'" in msg and "no mask given" in msg
+    assert "element offsets [100, 101, 102, 103, 104, 105, 106, 107, ...]" in msg and "(28 bad lanes;" in msg
+    big_x, big_out = torch.randn(128), torch.zeros(128)    # the same kernel on tensors that hold the block: fine
+    copy_unmasked_kernel[(1,)](big_x, big_out, BLOCK=128)
+    assert torch.equal(big_out, big_x)
+
+
+def test_view_with_storage_offset_may_reach_back_into_its_storage():
+    base = torch.arange(20, dtype=torch.float32)
+    view = base[5:15]                   # storage_offset 5, numel 10, storage of 20 elements
+    out = torch.zeros(4)
+    shifted_kernel[(1,)](view, out, 4, -5, 1, BLOCK=4)          # view[-5..-2]: inside the storage, legal
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+    shifted_kernel[(1,)](view, out, 4, 11, 1, BLOCK=4)          # view[11..14] = base[16..19], past numel: legal
+    assert out.tolist() == [16.0, 17.0, 18.0, 19.0]
+    with pytest.raises(OutOfBoundsError) as ei:
+        shifted_kernel[(1,)](view, out, 4, -6, 1, BLOCK=4)      # base[-1]: before the storage
+    msg = str(ei.value)
+    assert "shifted_kernel: tl.load from argument 'x_ptr' out of bounds: element offsets [-6]" in msg
+    assert "storage spans element offsets -5 to 14 from its first element" in msg
+    with pytest.raises(OutOfBoundsError, match=r"element offsets \[15\]"):
+        shifted_kernel[(1,)](view, out, 4, 12, 1, BLOCK=4)      # base[20]: past the storage
+
+
+def test_strided_view():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    col = base[:, 3]                    # stride 6, storage offset 3
+    out = torch.zeros(4)
+    shifted_kernel[(1,)](col, out, 4, 0, 6, BLOCK=4)
+    assert out.tolist() == col.tolist()
+    with pytest.raises(OutOfBoundsError, match=r"element offsets \[24\] lie outside the tensor's memory "
+                                               r"\(shape \(4,\), strides \(6,\)"):
+        shifted_kernel[(1,)](col, out, 4, 1, 6, BLOCK=4)        # rows 1..4: row 4 is past the storage
+
+
+def test_device_function_error_is_unwrapped():
+    x, out = torch.randn(10), torch.zeros(10)
+    with pytest.raises(OutOfBoundsError, match=r"^nested_kernel: tl\.load from argument 'x_ptr' out of bounds"):
+        nested_kernel[(1,)](x, out, 10, BLOCK=16)
+
+
+def test_lanes_may_come_from_different_tensors():
+    a, b = torch.randn(5), torch.randn(7)
+    out = torch.zeros(12)
+    concat_kernel[(1,)](a, b, out, 5, 12, BLOCK=16)
+    assert torch.equal(out, torch.cat([a, b]))
+
+
+def test_block_pointers():
+    x, out = torch.randn(10, 10), torch.zeros(10, 10)
+    block_ptr_kernel[(1,)](x, out, 10, 10, BLOCK=16, CHECK=True)
+    assert torch.equal(out, x)
+    with pytest.raises(OutOfBoundsError, match=r"block_ptr_kernel: tl\.load from argument 'x_ptr' out of bounds"):
+        block_ptr_kernel[(1,)](x, out, 10, 10, BLOCK=16, CHECK=False)
+
+
+def test_patch_is_idempotent():
+    from triton.runtime import interpreter as it
+    before = (it.GridExecutor.__call__, it.InterpreterBuilder.create_masked_load)
+    patch_bounds_check()
+    assert (it.GridExecutor.__call__, it.InterpreterBuilder.create_masked_load) == before
+
+
+def test_reinterpreted_tensor_counts_bytes():
+    x = torch.arange(8, dtype=torch.int32)               # 32 bytes, read as uint8
+    out = torch.zeros(32, dtype=torch.uint8)
+    shifted_kernel[(1,)](triton.reinterpret(x, tl.uint8), out, 32, 0, 1, BLOCK=32)
+    assert torch.equal(out, x.view(torch.uint8))
+    with pytest.raises(OutOfBoundsError, match=r"byte offsets \[32\] lie outside the tensor's memory"):
+        shifted_kernel[(1,)](triton.reinterpret(x, tl.uint8), out, 32, 1, 1, BLOCK=32)
