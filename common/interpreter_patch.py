@@ -123,7 +123,7 @@ def _check(op: str, ptrs, mask) -> None:
     if mask is None:
         live = p.reshape(-1)
     else:
-        m = mask.data
+        m = np.asarray(mask.data).astype(bool, copy=False)   # int1 can arrive as integers (e.g. scalar & tensor)
         if m.shape != p.shape:
             m = np.broadcast_to(m, p.shape)
         live = p[m]
@@ -144,7 +144,7 @@ def _check(op: str, ptrs, mask) -> None:
 def _message(op: str, launch: _Launch, p, mask, size: int) -> str:
     import numpy as np
     from triton.runtime.interpreter import interpreter_builder
-    m = np.ones(p.shape, bool) if mask is None else np.broadcast_to(mask.data, p.shape)
+    m = np.ones(p.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask.data).astype(bool), p.shape)
     flat, mflat = p.reshape(-1), m.reshape(-1)
     lo, hi = launch.lo[None, :], launch.hi[None, :]
     inside = (flat[:, None] >= lo) & (flat[:, None] + np.uint64(size) <= hi)        # lanes x args

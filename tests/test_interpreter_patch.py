@@ -187,3 +187,24 @@ def test_reinterpreted_tensor_counts_bytes():
     assert torch.equal(out, x.view(torch.uint8))
     with pytest.raises(OutOfBoundsError, match=r"byte offsets \[32\] lie outside the tensor's memory"):
         shifted_kernel[(1,)](triton.reinterpret(x, tl.uint8), out, 32, 1, 1, BLOCK=32)
+
+
+@triton.jit
+def scalar_and_tile_mask_kernel(start_ptr, out_ptr, S_MAX, H, BLOCK_H: tl.constexpr, D: tl.constexpr):
+    # the KV-cache write's mask: a scalar condition (from a loaded value) & a tile condition
+    t = tl.program_id(0)
+    pos = tl.load(start_ptr) + t
+    hs = tl.arange(0, BLOCK_H)
+    ok = (hs[:, None] < H) & (pos < S_MAX)
+    tl.store(out_ptr + hs[:, None] * S_MAX * D + pos * D + tl.arange(0, D)[None, :], 1.0, mask=ok)
+
+
+@pytest.mark.parametrize("h,block_h", [(3, 4), (1, 1)])
+def test_mask_from_a_scalar_and_a_tile(h, block_h):
+    """A mask built from a scalar (0-d) comparison and a tile; some programs fully masked off.
+    With H = 1 (an argument Triton specialises) the interpreter hands the mask over as int32."""
+    out = torch.zeros(h, 5, 4)
+    scalar_and_tile_mask_kernel[(3,)](torch.tensor([3], dtype=torch.int32), out, 5, h, BLOCK_H=block_h, D=4)
+    want = torch.zeros(h, 5, 4)
+    want[:, 3:5] = 1.0
+    assert torch.equal(out, want)
