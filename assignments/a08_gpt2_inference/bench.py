@@ -247,8 +247,8 @@ def write(rows, out: Path, gbps_copy: float):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4))
-        labels = [f"{r['model']}\nP={r['prompt']} B={r['batch']}" for r in rows]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.2))
+        labels = [f"{r['model']}\nP {r['prompt']}\nB {r['batch']}" for r in rows]
         x = range(len(rows))
         ax.bar([i - 0.2 for i in x], [r["engine_decode_tok_s"] / r["hf_decode_tok_s"] for r in rows], 0.4,
                label="vs transformers eager")
