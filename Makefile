@@ -6,9 +6,10 @@ BIN    := $(VENV)/bin
 IMPL   ?= assignments
 STAGE  ?=
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-# CPU-only machines get the CPU build of torch and the Triton the GPU runs were made
-# with (3.6, for its interpreter); GPU machines get the default CUDA build of torch,
-# which brings its own Triton.
+# CPU-only machines get torch 2.13.0 and the Triton the GPU runs were made with (3.6, for
+# its interpreter); GPU machines get the newest torch, which brings its own Triton. Both
+# come from pip's default index: on Linux x86_64 that is PyPI's CUDA build (nvidia-*
+# wheels, GBs) even without a GPU; README.md's quick start shows the TORCH= for the CPU build.
 TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0 triton==3.6.0)
 
 .PHONY: test grade notebooks bench-linear clean help

@@ -43,6 +43,27 @@ def test_weight_stored_transposed_once(mod):
     assert layer.weight_t.data_ptr() == ptr, "weight_t must be made once, not rebuilt per call"
 
 
+
+def test_weight_t_is_a_frozen_parameter(mod):
+    """The contract: weight_t is an nn.Parameter (requires_grad=False), so it is in state_dict()
+    and parameters() and .to() moves and casts it; bias_host is a plain attribute: not in
+    state_dict, left on the host by .to()."""
+    w, b = randn(40, 24), randn(40)
+    layer = mod.PretransposedLinear(w, b)
+    assert isinstance(layer.weight_t, torch.nn.Parameter), (
+        f"weight_t must be an nn.Parameter, got {type(layer.weight_t).__name__}")
+    assert not layer.weight_t.requires_grad, "weight_t is an inference weight: requires_grad=False"
+    assert list(layer.state_dict()) == ["weight_t"], f"state_dict keys: {list(layer.state_dict())}"
+    assert [p is layer.weight_t for p in layer.parameters()] == [True]
+    layer.to(torch.float64)
+    assert layer.weight_t.dtype == torch.float64 and isinstance(layer.weight_t, torch.nn.Parameter)
+    assert layer.weight_t.is_contiguous() and tuple(layer.weight_t.shape) == (24, 40)
+    assert layer.bias_host.device.type == "cpu" and layer.bias_host.dtype == torch.float32, (
+        "bias_host is not a buffer: .to() leaves it as it was")
+    clone = mod.PretransposedLinear(torch.zeros(40, 24, device=w.device), b)
+    clone.load_state_dict({"weight_t": w.t().contiguous()})
+    torch.testing.assert_close(clone.weight_t.detach(), w.t())
+
 @pytest.mark.parametrize("bias,expected", [(True, 2), (False, 0)])
 def test_host_transfers(mod, bias, expected):
     with fake_cuda():

@@ -57,6 +57,21 @@ def test_add_bias_non_contiguous(bias_mod, dtype):
     assert_close(cols, expected, dtype=dtype, name="in-place on a column slice")
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_bias_strided_b(bias_mod, dtype):
+    """b may be non-contiguous (the contract): a strided b must not be read as if contiguous."""
+    b = torch.arange(2 * 40, dtype=dtype, device=DEVICE)[::2]  # stride 2: read with stride 1, every value is wrong
+    assert not b.is_contiguous()
+    y = randn(5, 7, 40, dtype=dtype)
+    assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b), dtype=dtype, name="add_bias, strided b")
+    expected = ref.add_bias(y, b)
+    out = bias_mod.add_bias_(y, b)
+    assert out is y
+    assert_close(y, expected, dtype=dtype, name="add_bias_, strided b")
+    yt = randn(40, 5, 7, dtype=dtype).permute(1, 2, 0)  # leading dims that do not collapse into one
+    assert_close(bias_mod.add_bias(yt, b), ref.add_bias(yt, b), dtype=dtype, name="add_bias, permuted y")
+
 def test_add_bias_is_a_kernel(bias_mod):
     """The bias add must be the stage's own kernel, not torch arithmetic."""
     y, b = randn(33, 70), randn(70)

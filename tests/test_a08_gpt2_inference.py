@@ -139,6 +139,20 @@ def test_add_layernorm(ln, dtype, shape, seed):
     assert_close(y, ref, dtype=dtype, rel_tol=LN_TOL[dtype], name="y = LayerNorm(h)")
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_layernorm_strided_inputs(ln, dtype, seed):
+    """The contract's "any leading dims and strides" for x and residual, with the residual add."""
+    c = 96
+    big = randn(10, 3 * c, dtype=dtype)
+    x, r = big[::2, :c], non_contiguous(randn(5, c, dtype=dtype) + 2.0)   # strided rows; strided last dim
+    w, b = randn(c) * 0.5 + 1.0, randn(c) * 0.5
+    h, y = ln.add_layernorm(x, r, w, b, 1e-5)
+    h64 = x.to("cpu", torch.float64) + r.to("cpu", torch.float64)
+    assert_close(h, h64, dtype=dtype, name="h = x + residual, strided inputs")
+    assert_close(y, _ln_ref(h.to("cpu", torch.float64), w, b), dtype=dtype, rel_tol=LN_TOL[dtype],
+                 name="y = LayerNorm(h), strided inputs")
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layernorm_no_residual_and_strided_rows(ln, dtype, seed):
     """No residual; rows that are a strided view (every other row, and a column slice)."""

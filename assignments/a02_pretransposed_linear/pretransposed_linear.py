@@ -23,7 +23,11 @@ class PretransposedLinear(nn.Module):
 
     Attributes:
         weight_t: [in_features, out_features], contiguous, on ``weight``'s device,
-            made once here and never transposed again.
+            made once here and never transposed again. An ``nn.Parameter`` with
+            ``requires_grad=False``: it is the module's one entry in ``state_dict()``
+            (key ``"weight_t"``) and in ``parameters()``, and ``.to()`` moves and casts it.
+        bias_host: a plain tensor attribute (not a parameter, not a buffer): not in
+            ``state_dict()``, and ``.to()`` leaves it on the host as it was.
 
     forward(x): x is [..., in_features] on ``weight_t``'s device with its dtype;
     returns [..., out_features]. Raises ValueError if x's last dim is not

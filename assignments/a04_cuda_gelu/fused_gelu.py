@@ -1,6 +1,6 @@
 """a04: GPT-2's GELU as a CUDA torch operator, and a patch that puts it into transformers' GPT-2.
 
-    from solutions.a04_cuda_gelu.fused_gelu import fused_gelu, patch_model
+    from assignments.a04_cuda_gelu.fused_gelu import fused_gelu, patch_model
     y = fused_gelu(x)                    # x: CUDA fp32/fp16/bf16, any shape
     y = fused_gelu(x, fast_math=True)    # the --use_fast_math build
     patch_model(model)                   # transformers' GPT-2: every transformer.h[i].mlp.act -> FusedGELU

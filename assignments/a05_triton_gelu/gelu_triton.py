@@ -1,6 +1,6 @@
 """a05: GPT-2's GELU as one Triton kernel, registered as a torch custom op.
 
-    from solutions.a05_triton_gelu.gelu_triton import gelu
+    from assignments.a05_triton_gelu.gelu_triton import gelu
     y = gelu(x)      # x: fp32/fp16/bf16 on the kernel device (CUDA, or CPU interpreted)
 
 The same contract as a04's CUDA op, written in Triton: each program loads a block of
@@ -17,7 +17,7 @@ x / inf = -0, the right limit; there is no cancellation in 1 + tanh(u).
 
 Registered with ``torch.library.custom_op`` plus a fake implementation, so the op is
 one opaque node for ``torch.compile`` (no graph break). Run:
-``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m solutions.a04_cuda_gelu.bench``.
+``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m assignments.a05_triton_gelu.bench``.
 """
 from __future__ import annotations
 

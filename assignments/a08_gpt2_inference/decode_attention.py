@@ -1,6 +1,6 @@
 """Assignment 8, kernel 2: decode attention against a KV cache (flash-decoding), in Triton.
 
-    from solutions.a08_gpt2_inference.decode_attention import decode_attention
+    from assignments.a08_gpt2_inference.decode_attention import decode_attention
     o = decode_attention(q, k_cache, v_cache, lengths)   # q [B, H, d]; caches [B, H, S_max, d]
 
 In decode every sequence brings ONE new query per head, and it attends to all the keys

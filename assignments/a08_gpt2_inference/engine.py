@@ -1,7 +1,7 @@
 """Assignment 8, the capstone: GPT-2 inference on your own kernels, against transformers.
 
     from transformers import GPT2LMHeadModel
-    from solutions.a08_gpt2_inference.engine import GPT2Engine
+    from assignments.a08_gpt2_inference.engine import GPT2Engine
     hf = GPT2LMHeadModel.from_pretrained("gpt2")            # or GPT2LMHeadModel(GPT2Config(...))
     engine = GPT2Engine.from_hf(hf, dtype=torch.bfloat16, max_batch=8, max_seq_len=1024)
     new_tokens = engine.generate([prompt_a, prompt_b], max_new_tokens=64)   # greedy, [B, 64]

@@ -1,6 +1,6 @@
 """Assignment 8, kernel 3: the KV cache, allocated once, and the kernel that writes into it.
 
-    from solutions.a08_gpt2_inference.kv_cache import KVCache, write_kv
+    from assignments.a08_gpt2_inference.kv_cache import KVCache, write_kv
     cache = KVCache(n_layer=12, batch=4, n_head=12, head_dim=64, max_seq_len=1024, dtype=torch.bfloat16)
     write_kv(qkv, cache.k[layer], cache.v[layer], start)   # qkv [B, T, 3C] from c_attn
 

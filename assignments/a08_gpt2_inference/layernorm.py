@@ -1,6 +1,6 @@
 """Assignment 8, kernel 1: LayerNorm with the residual add fused in, in Triton.
 
-    from solutions.a08_gpt2_inference.layernorm import add_layernorm, layernorm
+    from assignments.a08_gpt2_inference.layernorm import add_layernorm, layernorm
     h, y = add_layernorm(x, residual, weight, bias)   # h = x + residual;  y = LayerNorm(h)
     y = layernorm(x, weight, bias)
 

@@ -57,22 +57,27 @@ def add_bias(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     y and b are on the kernel device (CUDA; CPU under the Triton interpreter),
     share a float dtype (fp32, fp16, bf16) and may be non-contiguous. The
-    result is contiguous with y's shape and dtype; the add is done in fp32.
+    kernel reads b with unit stride, so this wrapper passes ``b.contiguous()``
+    (a copy of N elements when b is strided, none otherwise); y's rows and
+    columns may have any strides (``y.reshape(-1, N)`` copies y only when its
+    leading dims cannot be collapsed into one). The result is contiguous with
+    y's shape and dtype; the add is done in fp32.
     """
     _check(y, b)
     N = y.shape[-1]
     out = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if out.numel():
-        _launch(y.reshape(-1, N), b, out.view(-1, N))
+        _launch(y.reshape(-1, N), b.contiguous(), out.view(-1, N))
     return out
 
 
 def add_bias_(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """In place: y += b, broadcasting b [N] over y [..., N]; returns y.
 
-    Same contract as :func:`add_bias`, except that y's leading dims must
-    collapse into one without a copy (true for contiguous y and for column
-    slices of it); otherwise a ValueError says to pass a contiguous y.
+    Same contract as :func:`add_bias` (b may be strided: it is made contiguous
+    first), except that y's leading dims must collapse into one without a copy
+    (true for contiguous y and for column slices of it); otherwise a ValueError
+    says to pass a contiguous y.
     """
     _check(y, b)
     N = y.shape[-1]
@@ -83,5 +88,5 @@ def add_bias_(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     except RuntimeError:
         raise ValueError(f"add_bias_: y with shape {tuple(y.shape)} and strides {y.stride()} cannot be "
                          "viewed as [rows, N] without a copy; pass a contiguous y") from None
-    _launch(y2, b, y2)
+    _launch(y2, b.contiguous(), y2)
     return y
