@@ -109,9 +109,10 @@ def _worker(impl: str, stage_key: str) -> dict:
     worst_ratio, msgs = -1.0, []
     for tr in trials:
         try:
-            with trace_ops() as t:
+            with trace_ops(functions=bool(tr.forbidden_functions)) as t:
                 out = tr.call()
-            bad_ops = sorted({o for o in t.ops if tr.forbidden_ops and o.startswith(tr.forbidden_ops)})
+            bad_ops = sorted({o for o in t.ops if tr.forbidden_ops and o.startswith(tr.forbidden_ops)}
+                             | {f for f in t.functions if f in tr.forbidden_functions})
             if bad_ops:
                 res["violations"].append(f"{tr.name}: called PyTorch ops {bad_ops} where the stage's kernel was asked for")
                 continue
