@@ -22,9 +22,11 @@ raises, hangs or crashes fails that stage only. A stage's grade has two parts:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +41,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MARK = "@@GRADE-RESULT@@"
 CORRECT_POINTS, PERF_POINTS = 10.0, 5.0
+SCORING = """\
+How you are scored (per stage):
+  correctness, 10 points:
+    5 x (graded tests passed / tests run) of the stage's pytest file (skipped tests do not count)
+  + 5 if every one of the grader's trials passes (fresh random inputs and shapes, float64
+      references), else 0: one failed trial loses all 5.
+    With --no-tests the trials carry all 10; a GPU-only stage graded on a CPU (trials "need
+    a GPU") gets 10 x the fraction of its CPU tests.
+  zero for the stage: a trial that calls the PyTorch op the stage replaces (aten ops and,
+    where a composite such as F.linear would hide, torch functions are traced; on a GPU also
+    the kernels that ran), or a submission that patches torch or the harness. Its numbers
+    are right because PyTorch computed them, so no test it passes counts.
+  speed, 5 points, GPU only: 5 x min(1, speedup / the stage's target) against the PyTorch
+    baseline, and only with all 10 correctness points. On a CPU-only machine the maximum is
+    10 per stage and the table has no timing columns.
+  "correct" column: pass (all tests and trials), partial (trials passed, some test failed),
+    fail, needs a GPU.
+Examples:
+  a weight copied per call failed 1 of 80 tests, every trial passed: 5 x 79/80 + 5 = 9.94/10,
+    shown as "partial" (earlier versions said "pass").
+  torch's add instead of the bias kernel failed 1 of 80 tests (the one that looks for torch
+    arithmetic), and the trials saw aten.add where the kernel was asked for: 0/10.
+"""
 
 
 @dataclass
@@ -53,8 +78,9 @@ class StageResult:
     worst_error: float | None = None
     tolerance: float | None = None
     violations: list[str] = field(default_factory=list)
-    correctness: str = "fail"          # pass | fail | needs a GPU
+    correctness: str = "fail"          # pass | partial (trials passed, a test failed) | fail | needs a GPU
     message: str = ""
+    not_implemented: list[str] = field(default_factory=list)   # NotImplementedError / output never written
     ms: float | None = None
     baseline_ms: float | None = None
     baseline: str = ""
@@ -76,6 +102,37 @@ class StageResult:
 
 
 # =============================================================================== worker
+@contextlib.contextmanager
+def _poison_empty():
+    """torch.empty & co. return NaN (ints: their max) while this is on, so an output
+    buffer the submission never writes is recognisable: see :func:`_unwritten`."""
+    import warnings
+
+    import torch
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)     # warn_only: no op is refused
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def _unwritten(outs) -> bool:
+    """Every element of some non-empty output is still the poison: NaN, or an integer's max."""
+    import torch
+    for o in outs:
+        if not isinstance(o, torch.Tensor) or not o.numel():
+            continue
+        if o.is_floating_point() or o.is_complex():
+            if bool(torch.isnan(o).all()):
+                return True
+        elif o.dtype != torch.bool and bool((o == torch.iinfo(o.dtype).max).all()):
+            return True
+    return False
+
+
 def _worker(impl: str, stage_key: str) -> dict:
     """Runs in a subprocess: the grader's trials and (GPU) the performance case of one stage."""
     from common import HAS_CUDA, guard
@@ -85,7 +142,8 @@ def _worker(impl: str, stage_key: str) -> dict:
     from common.testing import rel_error
 
     stage = by_key(stage_key)
-    res = {"violations": [], "trials_passed": 0, "trials_total": 0, "worst_error": None, "tolerance": None}
+    res = {"violations": [], "trials_passed": 0, "trials_total": 0, "worst_error": None, "tolerance": None,
+           "not_implemented": []}
     before = guard.snapshot()
 
     def load(module):
@@ -98,6 +156,11 @@ def _worker(impl: str, stage_key: str) -> dict:
         res["correctness"] = "needs a GPU"
         res["message"] = str(e)
         return res
+    except NotImplementedError as e:
+        res["correctness"] = "fail"
+        res["not_implemented"].append(f"NotImplementedError: {e}")
+        res["message"] = f"setting up trials failed: NotImplementedError: {e}"
+        return res
     except Exception as e:  # noqa: BLE001 - a broken submission fails its stage with the message
         res["correctness"] = "fail"
         res["message"] = f"setting up trials failed: {type(e).__name__}: {e}"
@@ -109,15 +172,21 @@ def _worker(impl: str, stage_key: str) -> dict:
     worst_ratio, msgs = -1.0, []
     for tr in trials:
         try:
-            with trace_ops() as t:
+            with _poison_empty(), trace_ops(functions=bool(tr.forbidden_functions)) as t:
                 out = tr.call()
-            bad_ops = sorted({o for o in t.ops if tr.forbidden_ops and o.startswith(tr.forbidden_ops)})
+            bad_ops = sorted({o for o in t.ops if tr.forbidden_ops and o.startswith(tr.forbidden_ops)}
+                             | {f for f in t.functions if f in tr.forbidden_functions})
             if bad_ops:
                 res["violations"].append(f"{tr.name}: called PyTorch ops {bad_ops} where the stage's kernel was asked for")
                 continue
             outs, refs = tensors(out), tensors(tr.ref)
             if len(outs) != len(refs):
                 msgs.append(f"{tr.name}: returned {len(outs)} tensors, expected {len(refs)}")
+                continue
+            if not tr.exact and _unwritten(outs):
+                note = f"{tr.name}: the output was never written (still NaN)"
+                res["not_implemented"].append(note)
+                msgs.append(note)
                 continue
             if tr.exact:
                 ok = all(o.tolist() == r.tolist() for o, r in zip(outs, refs))
@@ -142,6 +211,11 @@ def _worker(impl: str, stage_key: str) -> dict:
             res["trials_passed"] += int(ok)
         except NeedsGPU as e:
             msgs.append(f"{tr.name}: needs a GPU ({e})")
+        except NotImplementedError as e:
+            note = f"NotImplementedError: {e}"
+            if note not in res["not_implemented"]:
+                res["not_implemented"].append(note)
+            msgs.append(f"{tr.name}: {note}")
         except Exception as e:  # noqa: BLE001
             msgs.append(f"{tr.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     patched = guard.changed(before)
@@ -307,6 +381,10 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
             setattr(res, k, v)
     if first and res.tests_failed:
         res.message = "; ".join(x for x in (res.message, f"first failing test: {first}") if x)
+        if "NotImplementedError" in first:
+            note = first.split(": ", 1)[-1]
+            if not any(note in n for n in res.not_implemented):
+                res.not_implemented.append(note)
     # ---- score
     ran = res.tests_passed + res.tests_failed
     tests_frac = res.tests_passed / ran if ran else 0.0
@@ -320,6 +398,8 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
     if res.violations:
         correct = 0.0
         res.correctness = "fail"
+    elif trials_ok and res.tests_failed:     # the trials passed, a test did not: not a "pass"
+        res.correctness = "partial"
     perf = 0.0
     if HAS_CUDA and stage.perf is not None:
         res.max_score = CORRECT_POINTS + PERF_POINTS
@@ -344,30 +424,76 @@ def _fmt(v, spec, none="-"):
     return none if v is None else format(v, spec)
 
 
-def table(results: list[StageResult], impl: str, gpu: str) -> str:
-    head = ["stage", "correct", "tests p/f/s", "trials", "worst err (tol)", "ms", "baseline ms", "speedup",
-            "achieved", "roofline", "kernels", "H<->D", "score"]
-    rows = []
+TIMING_COLUMNS = ("ms", "baseline ms", "speedup", "achieved", "roofline", "kernels", "H<->D")
+#: timing columns given up first when the table is wider than the terminal
+DROP_ORDER = ("achieved", "H<->D", "kernels", "baseline ms")
+NOT_IMPLEMENTED = "not implemented yet"
+
+
+def _notes(r: StageResult, timed: bool) -> tuple[str, str]:
+    """(short note for the table's notes column, the full note)."""
+    if r.violations:
+        full = "; ".join(r.violations + ([r.message] if r.message else []))
+        return full, full
+    if r.not_implemented and r.score == 0:
+        return NOT_IMPLEMENTED, f"{NOT_IMPLEMENTED}: {'; '.join(r.not_implemented[:3])}"
+    full = "; ".join(x for x in ([f"{NOT_IMPLEMENTED}: {r.not_implemented[0]}"] if r.not_implemented else [])
+                     + [r.message, r.perf_note if timed and r.ms is None else ""] if x)
+    return full, full
+
+
+def table(results: list[StageResult], impl: str, gpu: str, width: int | None = None) -> str:
+    """The grade as a table, as wide as the terminal allows. Without any timing (a CPU-only
+    machine) the timing columns are left out and a line under the table says why."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    timed = any(r.ms is not None for r in results)
+    head = ["stage", "correct", "tests p/f/s", "trials", "worst err (tol)", *TIMING_COLUMNS, "score", "notes"]
+    rows, fulls = [], []
     for r in results:
         err = "-" if r.worst_error is None else f"{r.worst_error:.1e} ({r.tolerance:.0e})"
         if r.ms is None:
-            perf = [r.perf_note or "-", "", "", "", "", "", ""]
+            perf = ["-"] * len(TIMING_COLUMNS)
         else:
             rate = (f"{r.bytes / r.ms / 1e6:.0f} GB/s" if r.bound == "memory" else f"{r.flops / r.ms / 1e9:.0f} TFLOP/s") \
                 if r.flops and r.bytes else "-"
             perf = [f"{r.ms:.3f}", f"{r.baseline_ms:.3f}", f"{r.speedup:.2f}x", rate,
                     f"{100 * r.roofline_fraction:.0f}% {r.bound[:3]}", str(r.kernels_per_call),
                     str(r.host_transfers_per_call)]
+        short, full = _notes(r, timed)
         rows.append([r.stage, r.correctness, f"{r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
-                     f"{r.trials_passed}/{r.trials_total}", err, *perf, f"{r.score:g}/{r.max_score:g}"])
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    out = [f"impl: {impl}    GPU: {gpu}", "  ".join(h.ljust(w) for h, w in zip(head, widths)),
-           "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+                     f"{r.trials_passed}/{r.trials_total}", err, *perf, f"{r.score:g}/{r.max_score:g}", short])
+        fulls.append(full)
+    keep = [h for h in head if timed or h not in TIMING_COLUMNS]
+
+    def widths(cols):
+        return [max(len(h), *(len(row[head.index(h)]) for row in rows)) for h in cols]
+    min_notes = len(NOT_IMPLEMENTED)
+    for col in DROP_ORDER:       # too wide even with a short notes column: drop the least telling columns
+        if sum(widths(keep[:-1])) + 2 * (len(keep) - 1) + min_notes <= width or col not in keep:
+            continue
+        keep.remove(col)
+    ws = widths(keep)
+    room = max(min_notes, width - sum(ws[:-1]) - 2 * (len(keep) - 1))
+    ws[-1] = min(ws[-1], room)
+    cut = []
+    for row, full in zip(rows, fulls):
+        n = row[-1]
+        if len(n) > ws[-1]:
+            row[-1] = n[:ws[-1] - 3] + "..."
+        if full and full != row[-1]:
+            cut.append(row[0])
+    if not any(row[-1] for row in rows):     # nothing to note: no empty column
+        keep, ws = keep[:-1], ws[:-1]
+    pick = [head.index(h) for h in keep]
+    out = [f"impl: {impl}    GPU: {gpu}", "  ".join(h.ljust(w) for h, w in zip(keep, ws)).rstrip(),
+           "  ".join("-" * w for w in ws)]
+    out += ["  ".join(row[i].ljust(w) for i, w in zip(pick, ws)).rstrip() for row in rows]
     total = sum(r.score for r in results)
     out.append(f"total {total:g} / {sum(r.max_score for r in results):g}")
-    notes = [f"  {r.stage}: {'; '.join(r.violations + ([r.message] if r.message else []))}"
-             for r in results if r.violations or r.message]
+    if not timed:
+        out.append("timing needs a GPU: no times or speedups here; scores count correctness only" if not any(r.max_score > CORRECT_POINTS for r in results) else
+                   "no stage was timed: see the notes")
+    notes = [f"  {r.stage}: {full}" for r, full in zip(results, fulls) if r.stage in cut]
     if notes:
         out += ["", "notes:", *notes]
     return "\n".join(out)
@@ -491,7 +617,8 @@ def _grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages, run_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m common.grade", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m common.grade", description=__doc__.split("\n\n")[0],
+                                 epilog=SCORING, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impl", default=os.environ.get("COURSE_IMPL", "assignments"),
                     help="assignments (default), solutions, or a folder laid out like assignments/")
     ap.add_argument("--stages", help="comma-separated stage keys, e.g. a01,a05 (default: all)")
@@ -519,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.submissions:
         return _grade_many(args.submissions, args.out, args.jobs, args.timeout, stages, not args.no_tests)
     import torch
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (correctness only; timing needs a GPU)"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     results, secs = grade(args.impl, stages, args.timeout, not args.no_tests, args.quiet or args.json)
     report = {"impl": str(args.impl), "gpu": gpu, "seconds": round(secs, 1),
               "total": round(sum(r.score for r in results), 2), "max": sum(r.max_score for r in results),

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COPY_OPS = {"aten._to_copy.default", "aten.copy_.default", "aten._copy_from.default",
@@ -32,6 +33,10 @@ def _devtype(t: object) -> str | None:
 class OpTrace:
     """aten ops seen during a call, and the host<->device copies among them."""
     ops: list[str] = field(default_factory=list)
+    #: torch-level functions called (``trace_ops(functions=True)``), e.g. "torch.nn.functional.linear",
+    #: "torch.addmm", "Tensor.matmul": composite ops such as F.linear leave no aten op of their
+    #: own (the dispatcher sees only the addmm they decompose into), but they show here.
+    functions: list[str] = field(default_factory=list)
     htod: int = 0       # host -> device copies
     dtoh: int = 0       # device -> host copies
 
@@ -72,11 +77,39 @@ class _Tracer(TorchDispatchMode):
         return out
 
 
+def function_name(func) -> str:
+    """'torch.nn.functional.linear', 'torch.addmm', 'Tensor.add': the name a student wrote."""
+    name = getattr(func, "__name__", None) or str(func)
+    owner = getattr(func, "__qualname__", name).rsplit(".", 1)[0] if "." in getattr(func, "__qualname__", "") else ""
+    module = getattr(func, "__module__", None) or ""
+    if module in ("torch._C._nn", "torch.nn.functional"):
+        return f"torch.nn.functional.{name}"
+    if owner in ("TensorBase", "_TensorBase", "Tensor"):
+        return f"Tensor.{name}"
+    if owner == "_VariableFunctionsClass" or module == "torch":
+        return f"torch.{name}"
+    return f"{module}.{getattr(func, '__qualname__', name)}" if module else name
+
+
+class _FunctionTracer(TorchFunctionMode):
+    def __init__(self, trace: OpTrace):
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.trace.functions.append(function_name(func))
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
-def trace_ops() -> Iterator[OpTrace]:
-    """``with trace_ops() as t: f(x)`` then ``t.ops``, ``t.htod``, ``t.dtoh``."""
+def trace_ops(functions: bool = False) -> Iterator[OpTrace]:
+    """``with trace_ops() as t: f(x)`` then ``t.ops``, ``t.htod``, ``t.dtoh``; with
+    ``functions=True`` also ``t.functions``, the torch-level calls (F.linear, torch.matmul)."""
     t = OpTrace()
-    with _Tracer(t):
+    with contextlib.ExitStack() as stack:
+        if functions:
+            stack.enter_context(_FunctionTracer(t))
+        stack.enter_context(_Tracer(t))
         yield t
 
 

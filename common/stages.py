@@ -39,6 +39,14 @@ TORCH_ATTENTION = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten.
 #: GPU kernel names that mean PyTorch / cuBLAS / cuDNN did the work.
 ATEN_KERNELS = ("at::native", "elementwise_kernel")
 BLAS_KERNELS = ("gemm", "xmma", "cutlass", "cublas", "gemv", "splitK")
+#: What each FusedLinear backend may not call (its contract: "addmm" is one torch.addmm with the
+#: bias in cuBLAS's epilogue; "triton" is the GEMM x @ W^T, then the stage's add_bias_ kernel).
+#: F.linear, the baseline the stage is timed against, is refused in both.
+FUSED_LINEAR_FORBIDDEN = {
+    "addmm": TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
+    "triton": TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
+}
+BASELINE_FUNCTIONS = ("torch.nn.functional.linear",)
 ATTN_KERNELS = ("flash_fwd", "flash_bwd", "fmha", "cudnn", "pytorch_flash", "efficient_attention")
 
 
@@ -56,6 +64,10 @@ class Trial:
     scale: object = None                        # magnitude of the summed terms (testing.rel_error)
     forbidden_ops: tuple[str, ...] = ()
     forbidden_kernels: tuple[str, ...] = ()
+    #: torch-level functions (profiling.function_name) the trial must not call: composites
+    #: such as F.linear decompose into the very aten ops a backend may use (addmm), so only
+    #: the function-level trace tells "the baseline itself" from the asked-for call.
+    forbidden_functions: tuple[str, ...] = ()
 
 
 @dataclass
@@ -193,7 +205,8 @@ def _a03_trials(load, rng):
         expected = ref.linear(x, w, b)
         trials.append(Trial(f"FusedLinear({backend}) {fin}->{fout} lead={lead} {dtype}",
                             lambda w=w.clone(), b=b.clone(), x=x.clone(), be=backend: fl.FusedLinear(w, b, be)(x),
-                            expected, REL_TOL[dtype], scale=ref.linear_scale(x, w, b)))
+                            expected, REL_TOL[dtype], scale=ref.linear_scale(x, w, b),
+                            forbidden_ops=FUSED_LINEAR_FORBIDDEN[backend], forbidden_functions=BASELINE_FUNCTIONS))
     trials.append(Trial("FusedLinear host transfers per call", lambda: _count_layer(fl.FusedLinear, True),
                         torch.tensor([0]), 0, exact=True))
     return trials

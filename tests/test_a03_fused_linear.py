@@ -137,6 +137,30 @@ def test_fused_linear_one_gemm_no_transfers(lin_mod, bias):
         f"bias add or a weight copy outside the GEMM: {t.ops}")
 
 
+@pytest.mark.parametrize("backend", ["addmm", "triton"])
+def test_fused_linear_is_not_the_baseline(lin_mod, backend):
+    """F.linear is the baseline the stage is timed against, so calling it scores nothing. It
+    leaves no aten op of its own (it decomposes into the same addmm), hence the function trace.
+    "addmm": one torch.addmm, bias in its epilogue; "triton": the GEMM x @ W^T, then add_bias_."""
+    w, b = randn(50, 40) / 40**0.5, randn(50)
+    layer = lin_mod.FusedLinear(w, b, backend=backend)
+    x = randn(3, 4, 40)
+    with trace_ops(functions=True) as t:
+        y = layer(x)
+    assert_close(y, ref.linear(x, w, b), scale=ref.linear_scale(x, w, b))
+    assert "torch.nn.functional.linear" not in t.functions, (
+        f"backend {backend!r} called F.linear, the PyTorch baseline this stage replaces; "
+        + ("use torch.addmm(bias, x2, weight_t)" if backend == "addmm" else "use x2 @ weight_t, then add_bias_"))
+    if backend == "addmm":
+        others = sorted({o for o in t.ops if o.startswith(("aten.mm", "aten.matmul", "aten.linear", "aten.bmm")
+                                                         + ARITH) and not o.startswith("aten.addmm")})
+        assert t.count("aten.addmm") == 1 and not others, (
+            f"backend 'addmm' must be one torch.addmm with the bias in its epilogue; ops: {sorted(set(t.ops))}")
+    else:
+        bad = sorted({o for o in t.ops if o.startswith(("aten.addmm", "aten.linear") + ARITH)})
+        assert not bad, f"backend 'triton' must add the bias with add_bias_, not torch ops: {bad}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend,kernels", [("addmm", 1), ("triton", 2)])
 def test_fused_linear_profile(lin_mod, backend, kernels):

@@ -70,6 +70,47 @@ def test_stubs_fail_without_crashing(tmp_path):
     _validate_gradescope(gs)
     assert all(s["correctness"] == "fail" and s["score"] == 0 for s in report["stages"]), table
     assert "NotImplementedError" in table
+    rows = [ln for ln in table.splitlines() if ln.startswith(("a01_", "a02_"))]
+    assert len(rows) == 2 and all(ln.endswith("not implemented yet") for ln in rows), table
+
+
+def test_unwritten_output_is_not_implemented(tmp_path):
+    """A stub that launches a kernel which writes nothing: its torch.empty output is NaN-filled
+    in the trials, so the note says "not implemented yet", not "relative error inf"."""
+    report, _, table = _grade("assignments", tmp_path, "a05", "--no-tests")
+    st = report["stages"][0]
+    assert st["score"] == 0 and st["not_implemented"], table
+    assert "never written" in st["not_implemented"][0] and "relative error inf" not in table, table
+    assert "not implemented yet" in table, table
+
+
+def test_cpu_table_has_no_timing_columns():
+    """No timing anywhere (a CPU-only machine): no empty timing columns, one line saying why,
+    and the table fits the width it is given (long notes cut, in full under the table)."""
+    from common.grade import StageResult, table
+    rs = [StageResult("a01_roundtrip_linear", "x", tests_passed=16, trials_passed=3, trials_total=3,
+                      correctness="pass", score=10, perf_note="needs a GPU"),
+          StageResult("a03_fused_linear", "y", tests_failed=82, trials_total=7, perf_note="needs a GPU",
+                      not_implemented=["NotImplementedError: a03: implement FusedLinear.forward"]),
+          StageResult("a02_pretransposed_linear", "z", tests_passed=27, tests_failed=1, trials_passed=4,
+                      trials_total=4, correctness="partial", score=9.82, message="x" * 300)]
+    text = table(rs, "sub", "none", width=110)
+    head = text.splitlines()[1].split()
+    assert head[:2] == ["stage", "correct"] and not {"ms", "speedup", "roofline", "kernels", "H<->D"} & set(head), text
+    assert text.count("timing needs a GPU") == 1, text
+    assert all(len(ln) <= 110 for ln in text.splitlines()[:7]), text
+    assert "not implemented yet" in text and "x" * 300 in text and "partial" in text, text
+
+
+def test_failed_test_is_not_a_pass(tmp_path):
+    """A weight copied per call: every trial passes, a test fails. The score is 9.8x/10 and
+    the label says "partial", not "pass"."""
+    sub = _submission(tmp_path, {"a03_fused_linear/fused_linear.py": [
+        ("        w = self.weight_t\n", "        w = self.weight.clone().t()\n")]})
+    report, _, table = _grade(sub, tmp_path, "a03")
+    st = report["stages"][0]
+    assert st["tests_failed"] >= 1 and st["trials_passed"] == st["trials_total"], table
+    assert st["correctness"] == "partial" and 9.5 < st["score"] < 10, table
 
 
 def test_calling_the_torch_op_is_caught(tmp_path):
@@ -141,7 +182,8 @@ def test_plots_from_gpu_numbers(tmp_path):
                       ceilings=ceil, bound="compute", roofline_fraction=0.99),
           StageResult("a05_triton_gelu", "y", ms=0.095, baseline_ms=0.094, speedup=0.99, flops=5.4e8, bytes=2.7e8,
                       ceilings=ceil, bound="memory", roofline_fraction=0.95)]
-    text = table(rs, "solutions", "test GPU")
+    text = table(rs, "solutions", "test GPU", width=200)
+    assert "timing needs a GPU" not in text and "speedup" in text, text
     assert "696 TFLOP/s" in text and "2842 GB/s" in text and "95% mem" in text, text  # achieved rate per bound
     paths = plots(rs, tmp_path)
     assert [p.name for p in paths] == ["speedup.png", "roofline.png"]

@@ -46,6 +46,11 @@ MUTANTS = [
            [("y = torch.addmm(self.bias, x2, w)", "y = x2 @ w")]),
     Mutant("a03_fused_linear", "fused_linear.py", "bias added outside the GEMM",
            [("y = torch.addmm(self.bias, x2, w)", "y = x2 @ w + self.bias")]),
+    Mutant("a03_fused_linear", "fused_linear.py", "F.linear as the addmm backend",   # the baseline itself
+           [("y = torch.addmm(self.bias, x2, w)", "y = torch.nn.functional.linear(x2, self.weight, self.bias)")],
+           expect=("F.linear",)),
+    Mutant("a03_fused_linear", "fused_linear.py", "F.linear as the triton backend",
+           [("y = add_bias_(x2 @ w, self.bias)", "y = torch.nn.functional.linear(x2, self.weight, self.bias)")]),
     Mutant("a03_fused_linear", "fused_linear.py", "no device/dtype check",
            [("x.device != w.device or x.dtype != w.dtype or ", "")]),
 ]
