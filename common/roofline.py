@@ -99,3 +99,21 @@ def measure_ceilings() -> Ceilings:
     ms = bench(lambda: a @ b).median_ms
     tflops = matmul_flops(8192, 8192, 8192) / ms / 1e9
     return Ceilings(gbps, tflops, torch.cuda.get_device_name())
+
+
+def gpt2_decode_flops(n_layer: int, n_embd: int, vocab: int, batch: int, ctx: int) -> float:
+    """FLOPs of one GPT-2 decode step: 2 per weight per token in the matmuls (per layer
+    3C² + C² + 4C² + 4C² = 12C², and the LM head vocab·C) + attention over ctx keys,
+    2·2·ctx·C per layer (q·kᵀ and p·v)."""
+    c = n_embd
+    return 2 * batch * (n_layer * 12 * c * c + vocab * c) + 4 * batch * n_layer * ctx * c
+
+
+def gpt2_decode_bytes(n_layer: int, n_embd: int, vocab: int, batch: int, ctx: int, itemsize: int) -> int:
+    """Bytes one GPT-2 decode step must read: every weight once (per layer 12C² + 13C: the four
+    matmuls, their biases and two LayerNorms; the token embedding, read whole by the tied LM
+    head; ln_f; B rows of the position embedding) and the KV cache, ctx positions of K and V
+    per layer per sequence."""
+    c = n_embd
+    weights = n_layer * (12 * c * c + 13 * c) + vocab * c + 2 * c + batch * c
+    return (weights + batch * ctx * 2 * n_layer * c) * itemsize

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from . import DEVICE, HAS_CUDA, is_hopper
 from . import reference as ref
 from .profiling import fake_cuda, trace_ops
-from .roofline import attention_flops, elementwise_bytes, matmul_bytes, matmul_flops
-from .testing import REL_TOL
+from .roofline import (attention_flops, elementwise_bytes, gpt2_decode_bytes, gpt2_decode_flops, matmul_bytes,
+                       matmul_flops)
+from .testing import REL_TOL, random_gpt2
 
 Load = Callable[[str], object]   # load("a03_fused_linear.fused_linear") -> module of the graded impl
 
@@ -435,20 +436,9 @@ def _write_kv_trial(kv, g, rng) -> Trial:
 
 
 def _tiny_gpt2(seed: int, n_head: int):
-    """A transformers GPT-2 with random weights, biases and LayerNorms (as tests/test_a08's hf_model):
+    """A transformers GPT-2 with random weights, biases and LayerNorms (as tests/test_a08's models):
     initializer range 0.3, so greedy generation wanders through the vocabulary."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from .testing import randomize_
-    cfg = GPT2Config(**A08_TINY, n_head=n_head, initializer_range=0.3, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, bos_token_id=A08_TINY["vocab_size"] - 1, eos_token_id=A08_TINY["vocab_size"] - 1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = GPT2LMHeadModel(cfg).eval()
-    randomize_(model, generator=torch.Generator().manual_seed(seed + 1), std=0.1)
-    model.generation_config.eos_token_id = None        # exactly max_new_tokens, like the engine
-    model.generation_config.pad_token_id = 0
-    return model
+    return random_gpt2(seed, **A08_TINY, n_head=n_head, initializer_range=0.3)
 
 
 def _prompts(g, lengths, vocab):
@@ -565,14 +555,10 @@ def a08_decode_case(load, cfg: dict, *, batch: int = 1, ctx: int = 128, dtype=to
     The grader captures both in a CUDA graph and replays them: each call first puts the context
     back to the same ctx tokens (the engine: cache.lengths; transformers: the static cache's write
     position), so every replay writes the same cache slot and computes the same logits."""
-    from transformers import GPT2Config, GPT2LMHeadModel
     eng = load("a08_gpt2_inference.engine")
     b = batch
-    cfg = GPT2Config(**cfg, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        hf = GPT2LMHeadModel(cfg).eval()
-    hf = hf.to(device, dtype)
+    hf = random_gpt2(0, std=None, **cfg).to(device, dtype)
+    cfg = hf.config
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (b, ctx), generator=g).to(device)
     tok = torch.randint(0, cfg.vocab_size, (b,), generator=g).to(device)
@@ -584,14 +570,10 @@ def a08_decode_case(load, cfg: dict, *, batch: int = 1, ctx: int = 128, dtype=to
         engine.cache.lengths[:b].copy_(context)         # back to ctx tokens: the step is idempotent
         return engine.decode_step(tok)
 
-    # FLOPs: 2 per weight per token in the matmuls (per layer 3C² + C² + 4C² + 4C² = 12C², and the
-    # LM head vocab x C) + attention over the context, 2·2·(ctx + 1)·C per layer (q·kᵀ and p·v).
-    # Bytes: every weight read once (wpe: B rows) + the KV cache read, ctx + 1 positions per sequence.
+    # The step attends over ctx + 1 keys (the new token's included).
     c, n_layer = cfg.n_embd, cfg.n_layer
-    flops = 2 * b * (n_layer * 12 * c * c + cfg.vocab_size * c) + 4 * b * n_layer * (ctx + 1) * c
-    weights = sum(t.nbytes for layer in engine.layers for t in vars(layer).values())
-    weights += engine.wte.nbytes + engine.ln_f_w.nbytes + engine.ln_f_b.nbytes + b * engine.wpe[0].nbytes
-    nbytes = weights + b * (ctx + 1) * engine.kv_bytes_per_token
+    flops = gpt2_decode_flops(n_layer, c, cfg.vocab_size, b, ctx + 1)
+    nbytes = gpt2_decode_bytes(n_layer, c, cfg.vocab_size, b, ctx + 1, torch.empty((), dtype=dtype).element_size())
     return Perf(f"GPT-2 decode step (n_embd {c}, {n_layer} layers), batch {b}, context {ctx}, "
                 f"{str(dtype).replace('torch.', '')}", submission, _hf_static_step(hf, ids, tok, ctx),
                 "transformers GPT2LMHeadModel, StaticCache", flops, nbytes, tol=tol)

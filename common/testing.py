@@ -141,3 +141,26 @@ def randomize_(model: torch.nn.Module, *, generator: torch.Generator | None = No
                     base = 1.0 if name == "weight" else 0.0
                     p.copy_(base + std * torch.randn(p.shape, generator=generator).to(p))
     return model
+
+
+def random_gpt2(seed: int, *, std: float | None = 0.1, **cfg):
+    """A transformers ``GPT2LMHeadModel`` with random weights (nothing downloaded), in eval mode.
+
+    ``cfg``: ``GPT2Config`` fields (sizes, ``initializer_range``); dropout is off. The weights come
+    from ``seed`` without touching the global RNG. ``std``: biases and LayerNorm parameters get
+    random values too (:func:`randomize_`; None keeps GPT-2's init, zeros and ones). ``generate``
+    makes exactly ``max_new_tokens`` (no end-of-text stop), as the stage-8 engine does.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+    vocab = cfg.get("vocab_size", 50257)
+    if vocab <= 50256:                 # GPT-2's end-of-text id lies outside a small vocabulary
+        cfg = {"bos_token_id": vocab - 1, "eos_token_id": vocab - 1, **cfg}
+    config = GPT2Config(**cfg, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config).eval()
+    if std is not None:
+        randomize_(model, generator=torch.Generator().manual_seed(seed + 1), std=std)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model

@@ -15,14 +15,13 @@ than GPT-2's 0.02: a freshly initialised GPT-2 repeats one token forever, which 
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from common import DEVICE, HAS_CUDA
+from common import reference
 from common.profiling import trace_ops
-from common.testing import REL_TOL, assert_close, non_contiguous, randn, rel_error
+from common.testing import REL_TOL, assert_close, non_contiguous, random_gpt2, randn, rel_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TINY = dict(vocab_size=257, n_positions=96, n_embd=64, n_layer=2, n_head=2, initializer_range=0.3)
@@ -55,22 +54,6 @@ def eng(impl):
 
 def _nan(shape, dtype, device=DEVICE):
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
-def hf_model(seed: int, **cfg):
-    """A transformers GPT-2 with random weights (biases and LayerNorms randomised too), eval mode."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**cfg, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or ".ln_" in f".{name}":
-                base = 1.0 if name.endswith("weight") else 0.0
-                p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
-    model.generation_config.eos_token_id = None     # generate exactly max_new_tokens, like the engine
-    model.generation_config.pad_token_id = 0
-    return model
 
 
 def hf_logits64(model, ids: list[int]) -> torch.Tensor:
@@ -113,13 +96,6 @@ def _prompts(lengths, vocab, seed):
 
 
 # ============================================================ kernel 1: residual + LayerNorm
-def _ln_ref(h64: torch.Tensor, w, b, eps=1e-5):
-    w, b = w.to("cpu", torch.float64), b.to("cpu", torch.float64)
-    mean = h64.mean(-1, keepdim=True)
-    var = ((h64 - mean) ** 2).mean(-1, keepdim=True)
-    return (h64 - mean) / torch.sqrt(var + eps) * w + b
-
-
 LN_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
@@ -135,7 +111,7 @@ def test_add_layernorm(ln, dtype, shape, seed):
     assert h is h_out and y is y_out, "add_layernorm must return the out/h_out tensors it was given"
     h64 = x.to("cpu", torch.float64) + r.to("cpu", torch.float64)
     assert_close(h, h64, dtype=dtype, name="h = x + residual")
-    ref = _ln_ref(h.to("cpu", torch.float64), w, b)          # normalises h as stored
+    ref = reference.layer_norm(h.to("cpu", torch.float64), w, b)          # normalises h as stored
     assert_close(y, ref, dtype=dtype, rel_tol=LN_TOL[dtype], name="y = LayerNorm(h)")
 
 
@@ -150,7 +126,7 @@ def test_add_layernorm_strided_inputs(ln, dtype, seed):
     h, y = ln.add_layernorm(x, r, w, b, 1e-5)
     h64 = x.to("cpu", torch.float64) + r.to("cpu", torch.float64)
     assert_close(h, h64, dtype=dtype, name="h = x + residual, strided inputs")
-    assert_close(y, _ln_ref(h.to("cpu", torch.float64), w, b), dtype=dtype, rel_tol=LN_TOL[dtype],
+    assert_close(y, reference.layer_norm(h.to("cpu", torch.float64), w, b), dtype=dtype, rel_tol=LN_TOL[dtype],
                  name="y = LayerNorm(h), strided inputs")
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -161,7 +137,7 @@ def test_layernorm_no_residual_and_strided_rows(ln, dtype, seed):
     w, b = randn(c) + 1.0, randn(c)
     for x in (big[::2, :c], big[:, c:], non_contiguous(randn(5, c, dtype=dtype))):
         y = ln.layernorm(x, w, b, 1e-5)
-        assert_close(y, _ln_ref(x.to("cpu", torch.float64), w, b), dtype=dtype, rel_tol=LN_TOL[dtype],
+        assert_close(y, reference.layer_norm(x.to("cpu", torch.float64), w, b), dtype=dtype, rel_tol=LN_TOL[dtype],
                      name=f"layernorm of a view with strides {x.stride()}")
 
 
@@ -171,7 +147,7 @@ def test_layernorm_eps_and_bad_inputs(ln, seed):
     x = randn(3, 64, scale=1e-2)
     w, b = randn(64) + 1.0, randn(64)
     for eps in (1e-5, 1e-1):
-        assert_close(ln.layernorm(x, w, b, eps), _ln_ref(x.to("cpu", torch.float64), w, b, eps),
+        assert_close(ln.layernorm(x, w, b, eps), reference.layer_norm(x.to("cpu", torch.float64), w, b, eps),
                      dtype=torch.float32, rel_tol=1e-4, name=f"layernorm with eps={eps}")
     with pytest.raises(ValueError, match="weight"):
         ln.layernorm(x, randn(63), b)
@@ -182,16 +158,6 @@ def test_layernorm_eps_and_bad_inputs(ln, seed):
 
 
 # ============================================================ kernel 2: decode attention
-def _decode_ref(q, k, v, lengths):
-    """float64 softmax(q kᵀ/sqrt(d)) v per sequence over its first lengths[b] keys: [B, H, d]."""
-    q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))
-    out = torch.empty_like(q)
-    for i, n in enumerate(lengths):
-        s = torch.einsum("hd,hnd->hn", q[i], k[i, :, :n]) / math.sqrt(q.shape[-1])
-        out[i] = torch.einsum("hn,hnd->hd", torch.softmax(s, -1), v[i, :, :n])
-    return out
-
-
 DEC_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
@@ -219,7 +185,7 @@ def test_decode_attention(dec, dtype, b, h, d, s_max, lengths, splits, seed):
     out = _nan((b, h, d), dtype)
     got = dec.decode_attention(q, k, v, lens, splits=splits, out=out)
     assert got is out, "decode_attention must return the out tensor it was given"
-    assert_close(got, _decode_ref(q, k, v, lengths), dtype=dtype, rel_tol=DEC_TOL[dtype],
+    assert_close(got, reference.decode_attention(q, k, v, lengths), dtype=dtype, rel_tol=DEC_TOL[dtype],
                  name=f"decode attention, lengths {lengths}, splits={splits}")
 
 
@@ -230,13 +196,13 @@ def test_decode_attention_large_scores_and_default_out(dec, seed):
     k, v = randn(b, h, s, d, scale=8.0), randn(b, h, s, d)
     lengths = [70, 41]
     got = dec.decode_attention(q, k, v, torch.tensor(lengths, dtype=torch.int32, device=DEVICE), splits=2)
-    assert_close(got, _decode_ref(q, k, v, lengths), dtype=torch.float32, rel_tol=1e-5, name="large scores")
+    assert_close(got, reference.decode_attention(q, k, v, lengths), dtype=torch.float32, rel_tol=1e-5, name="large scores")
 
 
 def test_decode_attention_bad_inputs(dec, seed):
     q, k = randn(2, 2, 64), randn(2, 2, 10, 64)
     lens = torch.tensor([10, 3], dtype=torch.int32, device=DEVICE)
-    assert_close(dec.decode_attention(q, k, k, lens), _decode_ref(q, k, k, [10, 3]), dtype=torch.float32,
+    assert_close(dec.decode_attention(q, k, k, lens), reference.decode_attention(q, k, k, [10, 3]), dtype=torch.float32,
                  name="decode attention (before the error checks)")
     with pytest.raises(TypeError, match="lengths"):
         dec.decode_attention(q, k, k, lens.long())
@@ -287,7 +253,7 @@ def test_kv_cache_size_and_errors(kv, seed):
 # ============================================================ the engine against transformers
 @pytest.fixture(scope="module")
 def tiny_model():
-    return hf_model(seed=8, **TINY)
+    return random_gpt2(8, **TINY)
 
 
 def _engine(eng, model, dtype=torch.float32, max_batch=4, max_seq_len=None):
@@ -406,7 +372,7 @@ def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
 # ============================================================ GPU: GPT-2 small's shape, graphs, memory
 @pytest.fixture(scope="module")
 def small_model():
-    return hf_model(seed=124, **SMALL)
+    return random_gpt2(124, **SMALL)
 
 
 @pytest.mark.gpu

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 
 from common.impl import load
+from common.roofline import gpt2_decode_bytes, measure_ceilings
+from common.testing import random_gpt2
 
 TREE = (__package__ or "solutions").split(".")[0]     # solutions or assignments: the tree this file is in
 RESULTS = Path(__file__).resolve().parents[2] / "lectures" / "results"
@@ -40,13 +42,7 @@ NEW = 64
 
 
 def hf_gpt2(name: str, dtype: torch.dtype):
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(0)
-    cfg = GPT2Config(**MODELS[name], initializer_range=0.1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(cfg).eval().to("cuda", dtype)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+    return random_gpt2(0, std=None, **MODELS[name], initializer_range=0.1).to("cuda", dtype)
 
 
 def wall(fn, reps: int) -> float:
@@ -61,21 +57,9 @@ def wall(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy, GB/s counting bytes read + written (the decode roofline's ceiling)."""
-    import triton.testing
-    x = torch.empty(2**28, dtype=torch.float32, device="cuda")
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
-    return 2 * x.nbytes / ms / 1e6
-
-
 def step_bytes(engine, b: int, ctx: int) -> int:
-    """Bytes one decode step must read: every weight once (wte by the LM head; wpe only B rows)
-    and the cache's K and V of every layer up to ctx positions."""
-    weights = sum(t.nbytes for layer in engine.layers for t in vars(layer).values())
-    weights += engine.wte.nbytes + engine.ln_f_w.nbytes + engine.ln_f_b.nbytes
-    return weights + b * ctx * engine.kv_bytes_per_token
+    """Bytes one decode step must read: every weight once and the KV cache up to ctx positions."""
+    return gpt2_decode_bytes(engine.n_layer, engine.n_embd, engine.vocab_size, b, ctx, engine.wte.element_size())
 
 
 def graph_step_ms(engine, ids, steps: int = 32) -> float:
@@ -196,10 +180,11 @@ def main(argv=None):
         raise SystemExit("the stage-8 benchmark needs a CUDA GPU (CPU: pytest runs the engine interpreted)")
     reps = 3 if args.quick else args.reps
     eng_mod = load("a08_gpt2_inference.engine", TREE)
-    gbps_copy = copy_bandwidth()
+    gbps_copy = measure_ceilings().gbps            # device-to-device copy, bytes read + written
     print(f"{TREE}: {torch.cuda.get_device_name()}, copy bandwidth {gbps_copy:.0f} GB/s", flush=True)
     rows = []
     for name in args.models:
+        torch.manual_seed(0)                          # the same prompts on every run
         hf = hf_gpt2(name, torch.bfloat16)
         engine = eng_mod.GPT2Engine.from_hf(hf, max_batch=max(args.batches), max_seq_len=max(args.prompts) + NEW)
         print(engine.cache.describe(), flush=True)
