@@ -376,12 +376,16 @@ def small_model():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lengths", [[21], [3], [37, 5, 64, 18]], ids=["b1-len21", "b1-len3", "b4-mixed"])
-def test_generate_gpt2_small_64_tokens(eng, small_model, lengths, seed):
+@pytest.mark.parametrize("lengths, warm", [([21], [40]), ([3], [60]), ([37, 5, 64, 18], [60, 2, 50, 33])],
+                         ids=["b1-len21", "b1-len3", "b4-mixed"])
+def test_generate_gpt2_small_64_tokens(eng, small_model, lengths, warm, seed):
     """GPT-2 small's shape (fp32, random weights): 64 greedy tokens identical to transformers on the
-    GPU, with the decode step replayed from a CUDA graph, and the same with it run eagerly."""
+    GPU, with the decode step replayed from a CUDA graph, and the same with it run eagerly. A first
+    generate() with other prompts of the same padded length captures the prefill graph, so the
+    checked one replays it with new token ids (and a different real length: padding re-zeroed)."""
     engine = _engine(eng, small_model, max_batch=4, max_seq_len=256)
     prompts = _prompts(lengths, SMALL["vocab_size"], seed)
+    engine.generate(_prompts(warm, SMALL["vocab_size"], seed + 7), 4)
     got = engine.generate(prompts, 64).tolist()
     eager = engine.generate(prompts, 64, cuda_graph=False).tolist()
     assert got == eager, "CUDA-graph replay and eager decode steps disagree"

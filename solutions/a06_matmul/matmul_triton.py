@@ -13,7 +13,8 @@ One program computes a BLOCK_M x BLOCK_N tile of C:
   3. epilogue on the fp32 accumulator while it is still in registers: + bias[n], then
      GELU-tanh, then one cast and one store. Unfused, the same work is a GEMM that writes C
      plus an elementwise kernel that reads C and writes it again.
-Block shapes, warps and pipeline stages are autotuned per (M, N, K, dtype, epilogue).
+Block shapes, warps and pipeline stages are autotuned per (power-of-two bucket of M, N, K,
+dtype, epilogue): tuned on the first M of a bucket, reused for the rest.
 Under the Triton interpreter (CPU, ``import common``) a single small config is used.
 
 Bench: ``python -m solutions.a06_matmul.bench`` (H100 numbers in lectures/results/a06_matmul.md).
@@ -162,6 +163,14 @@ _matmul_autotuned = triton.autotune(
 )(triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(matmul_kernel))
 
 
+#: The autotuner's pick per (power-of-two bucket of M, N, K, dtype, epilogue, precision, B layout).
+_TUNED: dict[tuple, tuple[int, int, int, int, int]] = {}
+
+
+def _bucket(m: int) -> int:
+    return 1 << (m - 1).bit_length()
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
            *, out: torch.Tensor | None = None, allow_tf32: bool = True, fast_tanh: bool = True,
            config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
@@ -210,13 +219,21 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
                 DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16,
                 FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32)
     if config is None:
-        grid = lambda META: (triton.cdiv(m, META["BLOCK_M"]) * triton.cdiv(n, META["BLOCK_N"]),)  # noqa: E731
-        _matmul_autotuned[grid](*args, **meta)
-    else:
-        bm, bn, bk, warps, stages = config
-        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-        matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                            EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
+        # The autotuner tunes per exact M; a model calls matmul with many M (B·T changes with every
+        # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
+        # directly after that (less host work per call, too).
+        key = (_bucket(m), n, k, a.dtype, bias is not None, activation, meta["INPUT_PRECISION"],
+               meta["FAST_TANH"], b.stride(0) == 1)
+        config = _TUNED.get(key)
+        if config is None:
+            grid = lambda META: (triton.cdiv(m, META["BLOCK_M"]) * triton.cdiv(n, META["BLOCK_N"]),)  # noqa: E731
+            _matmul_autotuned[grid](*args, **meta)
+            _TUNED[key] = _shape(_matmul_autotuned.best_config)
+            return out
+    bm, bn, bk, warps, stages = config
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                        EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
     return out
 
 

@@ -11,8 +11,10 @@ Three ways to run the same random-weight GPT-2 (bf16, greedy, no end-of-text sto
   hf compiled   the same with cache_implementation="static": transformers compiles the
                 decode step with torch.compile (mode "reduce-overhead", CUDA graphs).
 Per (model, prompt length P, batch B):
-  prefill tok/s   B·P / the time of the prompt's forward pass (engine.prefill; transformers'
-                  generate with max_new_tokens=1, which is the prefill plus one argmax);
+  prefill tok/s   B·P / the time of the prompt's forward pass, cache filled, logits of the last
+                  token: engine.prefill as generate() runs it (CUDA-graph replay for prompts of
+                  <= 4096 padded tokens, eager above; the eager time is in the CSV too), and
+                  transformers' forward with use_cache=True, logits_to_keep=1;
   decode tok/s    B·63 / (time of generate(64) - time of generate(1)): 63 decode steps,
                   host work included (that is what a user waits for);
   step GB/s       (engine) bytes a decode step must read (every weight once + the KV cache up to
@@ -110,6 +112,40 @@ def profile_step(engine, ids) -> str:
     return "\n".join(lines)
 
 
+def profile_prefill(engine, ids) -> str:
+    """Where a short prefill's wall time goes: eager vs graph replay, kernels, and the Python functions."""
+    import cProfile
+    import io
+    import pstats
+    from torch.profiler import ProfilerActivity, profile
+    b, t = ids.shape
+    lines = []
+    for graph in (False, True):
+        engine.prefill(ids, cuda_graph=graph)
+        ms = wall(lambda: engine.prefill(ids, cuda_graph=graph), 5)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.prefill(ids, cuda_graph=graph)
+            torch.cuda.synchronize()
+        kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                and e.name not in ("Memset", "Memcpy")]
+        gpu_us = sum(e.device_time for e in kern)
+        lines.append(f"prefill B={b} T={t}, {'graph' if graph else 'eager'}: {ms * 1e3:.0f} us wall, "
+                     f"{gpu_us:.0f} us of kernels, {len(kern)} kernels"
+                     + (f" -> {ms * 1e3 / max(len(kern), 1):.0f} us of wall per kernel" if not graph else ""))
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(3):
+        engine.prefill(ids)
+    torch.cuda.synchronize()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(12)
+    body = [ln for ln in buf.getvalue().splitlines() if ln.strip()][-13:]
+    lines.append("eager prefill, Python functions by own time (3 calls):")
+    lines += ["    " + ln for ln in body]
+    return "\n".join(lines)
+
+
 def bench_case(engine, hf, name, p, b, reps, gbps_copy, skip_compiled):
     from transformers import StaticCache
     vocab = engine.vocab_size
@@ -119,10 +155,14 @@ def bench_case(engine, hf, name, p, b, reps, gbps_copy, skip_compiled):
 
     # ---- engine
     engine.generate(ids, NEW)                        # warm-up: compiles, autotunes, captures the graph
-    pre = wall(lambda: engine.prefill(ids), reps)
+    # graph (what generate() runs) and eager, interleaved rep by rep so neither gets the warmer GPU
+    pairs = [(wall(lambda: engine.prefill(ids, cuda_graph=True), 1), wall(lambda: engine.prefill(ids), 1))
+             for _ in range(reps)]
+    pre, pre_eager = (statistics.median(x) for x in zip(*pairs))
     g1 = wall(lambda: engine.generate(ids, 1), reps)
     g64 = wall(lambda: engine.generate(ids, NEW), reps)
-    row.update(engine_prefill_tok_s=b * p / pre * 1e3, engine_decode_tok_s=b * (NEW - 1) / (g64 - g1) * 1e3,
+    row.update(engine_prefill_tok_s=b * p / pre * 1e3, engine_prefill_eager_tok_s=b * p / pre_eager * 1e3,
+               engine_decode_tok_s=b * (NEW - 1) / (g64 - g1) * 1e3,
                engine_decode_ms=(g64 - g1) / (NEW - 1))
     step = graph_step_ms(engine, ids)
     nbytes = step_bytes(engine, b, p + 16)
@@ -133,9 +173,10 @@ def bench_case(engine, hf, name, p, b, reps, gbps_copy, skip_compiled):
         return lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, **kw)
     with torch.no_grad():
         hf_gen(NEW)()
-        pre_hf = wall(hf_gen(1), reps)
+        pre_hf = wall(lambda: hf(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1), reps)
+        g1_hf = wall(hf_gen(1), reps)
         g64_hf = wall(hf_gen(NEW), reps)
-    row.update(hf_prefill_tok_s=b * p / pre_hf * 1e3, hf_decode_tok_s=b * (NEW - 1) / (g64_hf - pre_hf) * 1e3)
+    row.update(hf_prefill_tok_s=b * p / pre_hf * 1e3, hf_decode_tok_s=b * (NEW - 1) / (g64_hf - g1_hf) * 1e3)
 
     # ---- transformers, static cache + torch.compile (one compile per batch size: the cache is reused)
     if not skip_compiled:
@@ -190,6 +231,7 @@ def main(argv=None):
         print(engine.cache.describe(), flush=True)
         engine.generate(torch.zeros(1, 128, dtype=torch.long, device="cuda"), 3)   # graph for B=1
         prof = profile_step(engine, torch.zeros(1, 128, dtype=torch.long, device="cuda"))
+        prof += "\n" + profile_prefill(engine, torch.randint(0, engine.vocab_size, (1, 128), device="cuda"))
         print(prof, flush=True)
         (Path(args.out).parent / f"a08_profile_{name}.txt").write_text(prof + "\n")
         for b in args.batches:

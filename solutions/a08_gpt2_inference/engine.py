@@ -92,7 +92,7 @@ class GPT2Engine:
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.cache = KVCache(self.n_layer, max_batch, n_head, self.head_dim, max_seq_len, self.dtype, self.device)
         self.batch = 0                   # sequences in flight (set by prefill)
-        self._graphs: dict[int, tuple] = {}
+        self._graphs: dict = {}            # decode: B -> graph; prefill: ("prefill", B, T)
         # fp32 runs compare token for token with transformers' fp32 (cuBLAS without TF32): keep
         # every dot in IEEE fp32 then. 16-bit inputs use the tensor cores as usual.
         self._tf32 = False
@@ -156,22 +156,43 @@ class GPT2Engine:
 
     # ------------------------------------------------------------------ prefill (given)
     def prefill(self, ids: torch.Tensor, lengths: Sequence[int] | None = None, *,
-                all_logits: bool = False) -> torch.Tensor:
+                all_logits: bool = False, cuda_graph: bool = False) -> torch.Tensor:
         """Run the prompts, fill the KV cache, and return the logits that pick the first new token.
 
         ids: int64 [B, T] on the engine's device, right-padded (any token id after a
         sequence's end); lengths: each prompt's real length (default: all T). Starts a new
         batch: the cache's old contents are forgotten. Returns [B, vocab], the logits at each
         sequence's last real token; ``all_logits=True``: [B, T, vocab] at every position
-        (padding positions hold garbage).
+        (padding positions hold garbage). ``cuda_graph=True`` (what generate() does on a GPU)
+        replays a short prompt's forward pass from a CUDA graph, see :meth:`_prefill_graphed`.
         """
         b, t = self._check_ids(ids, lengths)
         lengths = list(lengths) if lengths is not None else [t] * b
+        self.batch = b
+        cache = self.cache
+        cache.lengths[:b].copy_(torch.tensor(lengths, dtype=torch.int32), non_blocking=True)
+        cache.host_lengths[:b] = lengths
+        if all_logits:
+            return self.lm_head(self._prompt_forward(ids))
+        if cuda_graph and not all_logits and b * self._bucket(t) <= self.GRAPH_PREFILL_TOKENS:
+            return self._prefill_graphed(ids, b, t)
+        last = cache.lengths[:b].long() - 1
+        return self._prompt_forward(ids, last)
+
+    #: Prompts of up to this many tokens (B · padded T) are prefilled by CUDA-graph replay.
+    GRAPH_PREFILL_TOKENS = 4096
+
+    def _prompt_forward(self, ids: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward pass over [B, T] prompt tokens; writes K and V of positions 0..T-1 to the cache.
+
+        Returns the final LayerNorm's output [B, T, C], or with ``last`` (int64 [B], device)
+        the logits [B, vocab] at position last[b] of each sequence. Nothing here reads a value
+        back to the host, so it can be captured in a CUDA graph.
+        """
+        b, t = ids.shape
         c, h, d = self.n_embd, self.n_head, self.head_dim
         cache = self.cache
-        self.batch = b
         zeros = torch.zeros(b, dtype=torch.int32, device=self.device)
-
         x = self.wte[ids]                                             # [B, T, C] token embeddings
         pos = self.wpe[:t].expand(b, t, c)                            # position embeddings
         hid, y = add_layernorm(x, pos, self.layers[0].ln_1_w, self.layers[0].ln_1_b, self.eps)
@@ -185,12 +206,45 @@ class GPT2Engine:
             m = self.linear(y, layer.fc_w, layer.fc_b, "gelu_tanh")
             m = self.linear(m, layer.fc_proj_w, layer.fc_proj_b)
             hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps)
-        cache.lengths[:b].copy_(torch.tensor(lengths, dtype=torch.int32), non_blocking=True)
-        cache.host_lengths[:b] = lengths
-        if all_logits:
-            return self.lm_head(y)
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        if last is None:
+            return y
         return self.lm_head(y[torch.arange(b, device=self.device), last])
+
+    def _bucket(self, t: int) -> int:
+        """Prompt length padded to a multiple of 64 (fewer graphs), at most max_seq_len."""
+        return min(-(-t // 64) * 64, self.max_seq_len)
+
+    def _prefill_graphed(self, ids: torch.Tensor, b: int, t: int) -> torch.Tensor:
+        """Prefill by CUDA-graph replay, one graph per (B, padded T).
+
+        A short prompt's prefill is ~10 kernels per block that each run for microseconds:
+        issuing them from Python costs more than running them (lecture 08 measures it).
+        The prompt is right-padded to the bucket's length with token 0: causal attention keeps
+        every real token from seeing the padding, and the cache slots the padding writes lie
+        past ``lengths`` (decode overwrites them). The first prompt of a bucket runs eagerly
+        (compiles, autotunes) and is then captured; later ones copy their ids in and replay.
+        """
+        tp = self._bucket(t)
+        key = ("prefill", b, tp)
+        if key not in self._graphs:
+            static_ids = torch.zeros(b, tp, dtype=torch.long, device=self.device)
+            static_last = torch.zeros(b, dtype=torch.long, device=self.device)
+            static_ids[:, :t] = ids
+            static_last.copy_(self.cache.lengths[:b])
+            static_last -= 1
+            out = self._prompt_forward(static_ids, static_last)     # eager: compile and tune first
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self._prompt_forward(static_ids, static_last)
+            self._graphs[key] = (graph, static_ids, static_last, static_out)
+            return out
+        graph, static_ids, static_last, static_out = self._graphs[key]
+        static_ids[:, t:] = 0
+        static_ids[:, :t] = ids
+        static_last.copy_(self.cache.lengths[:b])
+        static_last -= 1
+        graph.replay()
+        return static_out
 
     # ------------------------------------------------------------------ decode (YOUR WORK)
     def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -232,7 +286,8 @@ class GPT2Engine:
 
         prompts: a list of 1-D token-id sequences (lists or tensors, lengths may differ) or an
         int64 [B, T] tensor (all length T). cuda_graph (default: on a GPU) captures the decode
-        step once per batch size and replays it; False runs it eagerly (the profile's "before").
+        step once per batch size and replays it, and replays short prompts' prefill from a graph
+        per (B, padded T); False runs both eagerly (the profile's "before").
         """
         ids, lengths = self.pad(prompts)
         b = len(lengths)
@@ -243,7 +298,7 @@ class GPT2Engine:
                              f"{max(lengths) + max_new_tokens - 1} cache positions; max_seq_len is {self.max_seq_len}")
         use_graph = (self.device.type == "cuda") if cuda_graph is None else cuda_graph
         out = torch.empty(b, max_new_tokens, dtype=torch.long, device=self.device)
-        tok = self.prefill(ids, lengths).argmax(-1)
+        tok = self.prefill(ids, lengths, cuda_graph=use_graph).argmax(-1)
         out[:, 0] = tok
         for i in range(1, max_new_tokens):
             if use_graph and (b in self._graphs or i > 1):   # step 1 ran eagerly: kernels compiled, tuned
