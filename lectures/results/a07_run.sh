@@ -21,7 +21,7 @@ bench() {
 }
 case "$mode" in
   sweep) tests; python3 -m solutions.a07_flash_attention.bench --sweep 2>&1 | tee "$OUT/sweep.log" | grep -E "BEST|sdpa|Error" ;;
-  full)  timeout 150 python3 lectures/results/a07_tma_try.py 2>&1 | tee "$OUT/tma_try.log" | tail -8; bench; tests ;;
+  full)  timeout 150 python3 lectures/results/experiments/a07_tma_try.py 2>&1 | tee "$OUT/tma_try.log" | tail -8; bench; tests ;;
   bench) bench ;;
   final) TEST_TIMEOUT=150 tests; BENCH_TIMEOUT=280 bench
          timeout 150 python3 -m solutions.a07_flash_attention.bench --tune 2>&1 | tee "$OUT/bench_tune.log" \

@@ -15,16 +15,16 @@ reference, one variant per process (results: a07_fwd_try.log; none beat the ship
   desc   the same kernel with warp_specialize=False (what the descriptors and the single
          masked loop cost or give without the warp groups)
 
-    python3 lectures/results/a07_fwd_try.py --time "ws 128x64w4s2"     # GPU: TFLOP/s at S=4096
-    python3 lectures/results/a07_fwd_try.py --check "ws 128x64w4s2" 0  # one correctness case
-    python3 lectures/results/a07_fwd_try.py                             # CPU (interpreter): checks of pipe and ws
-    bash lectures/results/a07_fwd_try.sh                                  # what the H100 run did
+    python3 lectures/results/experiments/a07_fwd_try.py --time "ws 128x64w4s2"     # GPU: TFLOP/s at S=4096
+    python3 lectures/results/experiments/a07_fwd_try.py --check "ws 128x64w4s2" 0  # one correctness case
+    python3 lectures/results/experiments/a07_fwd_try.py                             # CPU (interpreter): checks of pipe and ws
+    bash lectures/results/experiments/a07_fwd_try.sh                                  # what the H100 run did
 """
 import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import common  # noqa: E402,F401
 import torch  # noqa: E402
 import triton  # noqa: E402

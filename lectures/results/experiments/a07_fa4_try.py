@@ -11,13 +11,13 @@ softmax is lost. Two ways to make that softmax cheaper, applied to the mask-free
          (Cody-Waite: 2^x = 2^round(x) * p(x - round(x)), max relative error 1.8e-4, far
          below bf16's 3.9e-3), the other half on the MUFU unit (16 exp2 per SM per clock)
 
-    python3 lectures/results/a07_fa4_try.py          # CPU: interpreter checks; GPU: checks + timing
+    python3 lectures/results/experiments/a07_fa4_try.py          # CPU: interpreter checks; GPU: checks + timing
 """
 import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import common  # noqa: E402,F401
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -1,12 +1,12 @@
 """Experiment: the stage-7 forward with TMA tensor descriptors (host-side) vs pointer loads.
 
-    python3 lectures/results/a07_tma_try.py          # GPU: correctness + timing at S=4096
+    python3 lectures/results/experiments/a07_tma_try.py          # GPU: correctness + timing at S=4096
 """
 import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import common  # noqa: E402,F401
 import torch  # noqa: E402
 import triton  # noqa: E402
