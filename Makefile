@@ -1,5 +1,5 @@
-# Two commands on a fresh clone:  make test   and   make grade
-# Both create .venv on first use and install nothing on later runs.
+# On a fresh clone:  make test,  make grade,  make lab
+# Each creates .venv on first use and installs nothing on later runs.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,11 +11,19 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # come from pip's default index: on Linux x86_64 that is PyPI's CUDA build (nvidia-*
 # wheels, GBs) even without a GPU; README.md's quick start shows the TORCH= for the CPU build.
 TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0 triton==3.6.0)
+# make lab: JupyterLab (pyproject's `notebooks` extra, installed on first use) on lectures/.
+# With no display (Linux without DISPLAY/WAYLAND_DISPLAY) or over ssh it opens no browser
+# and prints the URL; as root (GPU containers often are) it passes --allow-root, which
+# Jupyter asks for. LAB_ARGS= (empty) or LAB_ARGS="--port 8899" to override.
+LAB_STAMP := $(VENV)/.lab-installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HEADLESS := $(if $(SSH_CONNECTION),yes,$(if $(filter Darwin,$(shell uname -s)),,$(if $(DISPLAY)$(WAYLAND_DISPLAY),,yes)))
+LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root))
 
-.PHONY: test grade notebooks bench-linear clean help
+.PHONY: test grade lab notebooks bench-linear clean help
 help:
 	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub check"
 	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
+	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
 	@echo "make notebooks - execute every lecture notebook"
 
 $(STAMP):
@@ -30,6 +38,14 @@ test: $(STAMP)
 
 grade: $(STAMP)
 	$(BIN)/python -m common.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE))
+
+$(LAB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,notebooks]'
+	@rm -f $(VENV)/.lab-installed-*; touch $@
+
+lab: $(LAB_STAMP)
+	@echo "JupyterLab on lectures/ with the course's .venv kernel$(if $(HEADLESS), (no browser here: open the http://localhost:... URL below; from another machine: ssh -L 8888:localhost:8888 this-host)); Ctrl-C twice to stop."
+	cd lectures && $(abspath $(BIN))/python -m jupyterlab $(LAB_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v
