@@ -9,13 +9,22 @@ Two tools, one question ("what does this call launch and move?"):
   the host round trips of a layer can be counted in CI.
 * :func:`profile` wraps ``torch.profiler`` on a real GPU and reports the kernels
   a call launches and the host<->device memcpys with their share of GPU time.
+* :func:`export_trace` writes a call's timeline as a Chrome/Perfetto trace
+  (``.json.gz``) to open in https://ui.perfetto.dev or ``chrome://tracing``: CPU ops
+  anywhere, and on a GPU the CUDA API calls, kernels and memcpys on their own rows.
+  :func:`trace_spans` reads such a file back into rows to plot.
 """
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -290,3 +299,102 @@ def profile(fn: Callable[[], object], *, calls: int = 5, warmup: int = 3) -> Pro
     per = max(calls, 1)
     return ProfileReport(kernels[: len(kernels) // per], ktime / per, counts["htod"] // per,
                          counts["dtoh"] // per, mtime / per, calls)
+
+
+# --------------------------------------------------------------------------- traces
+def export_trace(fn: Callable[[], object], path: str | os.PathLike, *, calls: int = 1, warmup: int = 2,
+                 label: str = "call") -> Path:
+    """Run ``fn()`` ``calls`` times under ``torch.profiler`` and write a Chrome/Perfetto trace.
+
+    ``path`` ending in ``.gz`` is gzip-compressed (Perfetto and ``chrome://tracing`` open
+    ``.json.gz`` as is). CPU ops are always recorded; on a GPU also the CUDA runtime calls,
+    the kernels and the host<->device memcpys. Each call is wrapped in a
+    ``record_function(f"{label} {i}")`` range, so the calls are easy to find in the viewer.
+    ``warmup`` calls run first, outside the trace (first-call costs are not the call's).
+    Returns the path written.
+    """
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as tprofile
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with tprofile(activities=acts) as prof:
+        for i in range(calls):
+            with record_function(f"{label} {i}"):
+                fn()
+        if cuda:
+            torch.cuda.synchronize()
+    fd, tmp = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        data = Path(tmp).read_bytes()
+    finally:
+        os.unlink(tmp)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def load_trace(path: str | os.PathLike) -> list[dict]:
+    """The events of a Chrome trace file (``.json`` or gzip-compressed ``.json.gz``)."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    doc = json.loads(raw)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+@dataclass(frozen=True)
+class Span:
+    """One bar of a timeline: ``row`` ("calls": export_trace's ranges, "CPU ops", "CUDA API",
+    "GPU kernels", "memcpy H<->D"),
+    the op or kernel ``name``, start and duration in microseconds (start from the first bar)."""
+    row: str
+    name: str
+    start_us: float
+    dur_us: float
+
+
+#: Trace event category -> timeline row (torch.profiler's Kineto categories).
+TRACE_ROWS = {"user_annotation": "calls", "cpu_op": "CPU ops", "cuda_runtime": "CUDA API", "cuda_driver": "CUDA API",
+              "kernel": "GPU kernels", "gpu_memset": "GPU kernels", "gpu_memcpy": "memcpy H<->D"}
+
+
+def trace_spans(trace: str | os.PathLike | list[dict]) -> list[Span]:
+    """A trace's complete events as timeline bars, one row per kind (:data:`TRACE_ROWS`).
+
+    CPU ops keep only the outermost op on each thread (``aten::linear``, not the
+    ``aten::addmm`` inside it), so the CPU row does not overdraw itself. Device-to-device
+    memcpys go with the kernels (they run on the GPU); host<->device ones get their own row.
+    """
+    events = trace if isinstance(trace, list) else load_trace(trace)
+    picked = []
+    for e in events:
+        row = TRACE_ROWS.get(e.get("cat", ""))
+        if e.get("ph") != "X" or row is None or "dur" not in e:
+            continue
+        if row == "memcpy H<->D" and _is_memcpy(e.get("name", "")) == "dtod":
+            row = "GPU kernels"
+        picked.append((row, e))
+    outer, ends = [], {}
+    for row, e in sorted(picked, key=lambda p: (float(p[1]["ts"]), -float(p[1]["dur"]))):
+        ts, dur = float(e["ts"]), float(e["dur"])
+        if row == "CPU ops":
+            key = (e.get("pid"), e.get("tid"))
+            if ts < ends.get(key, float("-inf")):
+                continue                     # inside an op already kept
+            ends[key] = ts + dur
+        outer.append((row, e.get("name", ""), ts, dur))
+    if not outer:
+        return []
+    t0 = min(ts for _, _, ts, _ in outer)
+    return [Span(row, name, ts - t0, dur) for row, name, ts, dur in outer]
