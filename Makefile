@@ -19,11 +19,12 @@ LAB_STAMP := $(VENV)/.lab-installed-$(shell cat pyproject.toml | cksum | cut -d'
 HEADLESS := $(if $(SSH_CONNECTION),yes,$(if $(filter Darwin,$(shell uname -s)),,$(if $(DISPLAY)$(WAYLAND_DISPLAY),,yes)))
 LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root))
 
-.PHONY: test grade lab notebooks bench-linear clean help
+.PHONY: test grade lab ncu notebooks bench-linear clean help
 help:
 	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub check"
 	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
 	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
+	@echo "make ncu STAGE=a05 - Nsight Compute on the stage's benchmark case (GPU + ncu); IMPL= as for grade, NCU_ARGS= more options"
 	@echo "make notebooks - execute every lecture notebook"
 
 $(STAMP):
@@ -46,6 +47,10 @@ $(LAB_STAMP): $(STAMP)
 lab: $(LAB_STAMP)
 	@echo "JupyterLab on lectures/ with the course's .venv kernel$(if $(HEADLESS), (no browser here: open the http://localhost:... URL below; from another machine: ssh -L 8888:localhost:8888 this-host)); Ctrl-C twice to stop."
 	cd lectures && $(abspath $(BIN))/python -m jupyterlab $(LAB_ARGS)
+
+ncu: $(STAMP)
+	$(if $(STAGE),,$(error make ncu needs a stage: make ncu STAGE=a05 (a02 ... a08)))
+	$(BIN)/python -m common.ncu $(STAGE) --impl $(IMPL) $(NCU_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v
