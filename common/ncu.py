@@ -263,7 +263,8 @@ def _short(name: str, n: int = 44) -> str:
 
 def table(rows: list[Row], columns: list[tuple[str, str, str]], limit: int = 12) -> str:
     """Fixed-width table: kernel, calls, then one column per (metric, label, kind)."""
-    cols = [c for c in columns if c[0] != "gpu__time_duration.sum"]
+    cols = [c for c in columns if c[0] != "gpu__time_duration.sum"
+            and any(r.metrics.get(c[0]) is not None for r in rows)]       # a metric no kernel has: no column
     head = ["kernel", "n", "time"] + [c[1] for c in cols]
     body = [[_short(r.name), str(r.count), _fmt(r.time_s, "time")] + [_fmt(r.metrics.get(m), k) for m, _, k in cols]
             for r in rows[:limit]]
@@ -402,7 +403,8 @@ def profile_case(ncu: str, stage: str, impl: str, which: str, metrics: list[str]
     with tempfile.TemporaryDirectory() as tmp:
         rep = (export.parent / f"{export.name}-{which}") if export else Path(tmp) / which
         rep.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [ncu, "--profile-from-start", "off", "--launch-count", str(max_kernels), "-f", "-o", str(rep),
+        cmd = [ncu, "--target-processes", "application-only", "--profile-from-start", "off",
+               "--launch-count", str(max_kernels), "-f", "-o", str(rep),
                "--metrics", ",".join(metrics)]
         cmd += ["--set", section_set] if section_set else []
         for s in sections:
