@@ -335,7 +335,7 @@ def report(results: dict[str, list[Kernel]], case: dict, gbps: float, tflops: fl
             out.append("  no kernel was profiled")
             continue
         out.append(f"  {sum(r.count for r in rows)} kernel(s), {total * 1e6:,.1f} us under ncu "
-                   f"({100 * floor_s / total:.0f}% of the roofline's time at the profiled clocks)"
+                   f"= {100 * floor_s / total:.0f}% of the roofline" + (" (at base clocks)" if clocks_locked else "")
                    + (f"; DRAM {dram / 1e6:,.1f} MB = {dram / case['bytes']:.2f}x the fewest bytes, "
                       f"{dram / total / 1e9:,.0f} GB/s = {100 * dram / total / 1e9 / gbps:.0f}% of the copy bandwidth"
                       if dram and total else ""))
