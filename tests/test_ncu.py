@@ -224,6 +224,7 @@ def test_front_end_passes_ncu_options_and_says_how_clocks_ran(tmp_path, monkeypa
     monkeypatch.setenv("NCU", str(fake))
     monkeypatch.setattr(ncu, "has_gpu", lambda: True)
     monkeypatch.setattr(ncu, "ceilings_for_report", lambda: (3000.0, 754.0, "test ceilings"))
+    monkeypatch.delenv("COURSE_IMPL", raising=False)        # pytest --impl sets it; the default is assignments
     assert ncu.main(["a05", "--no-baseline", "--set", "none", "--kernel", "gelu", "--ncu-args", "--clock-control none"]) == 0
     text = capsys.readouterr().out
     assert "clocks not locked (--clock-control none)" in text and "\nbaseline:" not in text
