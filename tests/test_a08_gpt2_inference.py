@@ -364,6 +364,9 @@ def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
         engine.generate([[1], [2], [3]], 2)
     with pytest.raises(ValueError, match="non-empty"):
         engine.generate([[1], []], 2)
+    if engine.device.type != "cuda":
+        with pytest.raises(ValueError, match="CUDA device"):
+            engine.generate([[1, 2, 3]], 2, cuda_graph=True)
     relu = GPT2LMHeadModel(GPT2Config(**{**TINY, "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function"):
         eng.GPT2Engine.from_hf(relu)

@@ -167,6 +167,8 @@ class GPT2Engine:
         replays a short prompt's forward pass from a CUDA graph, see :meth:`_prefill_graphed`.
         """
         b, t = self._check_ids(ids, lengths)
+        if cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"prefill(cuda_graph=True): CUDA graphs need a CUDA device; this engine is on {self.device}")
         lengths = list(lengths) if lengths is not None else [t] * b
         self.batch = b
         cache = self.cache
@@ -285,6 +287,8 @@ class GPT2Engine:
             raise ValueError(f"a prompt of {max(lengths)} tokens + {max_new_tokens} new ones needs "
                              f"{max(lengths) + max_new_tokens - 1} cache positions; max_seq_len is {self.max_seq_len}")
         use_graph = (self.device.type == "cuda") if cuda_graph is None else cuda_graph
+        if use_graph and self.device.type != "cuda":
+            raise ValueError(f"generate(cuda_graph=True): CUDA graphs need a CUDA device; this engine is on {self.device}")
         out = torch.empty(b, max_new_tokens, dtype=torch.long, device=self.device)
         tok = self.prefill(ids, lengths, cuda_graph=use_graph).argmax(-1)
         out[:, 0] = tok
