@@ -14,7 +14,7 @@ TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0 tr
 
 .PHONY: test grade notebooks bench-linear clean help
 help:
-	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub check"
+	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub and mutation checks"
 	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
 	@echo "make notebooks - execute every lecture notebook"
 
@@ -25,8 +25,9 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
+# --mutants: also the slow course self-checks (the mutation checks, the stub check); CI runs this.
 test: $(STAMP)
-	$(BIN)/python -m pytest --impl solutions
+	$(BIN)/python -m pytest --impl solutions --mutants
 
 grade: $(STAMP)
 	$(BIN)/python -m common.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE))
