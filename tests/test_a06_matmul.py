@@ -45,7 +45,8 @@ def _cuda(impl):
 
 
 def _kernel(call, what="matmul"):
-    """call() once, checked to be the stage's kernel (no torch matmul / arithmetic; GPU: no cuBLAS)."""
+    """call() once, checked to be the stage's kernel (no torch matmul / arithmetic; GPU: no cuBLAS or
+    PyTorch kernel, so the output buffer is made outside ``call``: torch.full is a PyTorch kernel)."""
     return assert_is_kernel(call, MATMUL_KERNEL, what)
 
 
@@ -79,7 +80,8 @@ def test_triton_autotuned_path(impl, dtype):
     mod = _triton(impl)
     m, n, k = (70, 45, 100) if TRITON_INTERPRET else (300, 520, 264)
     a, b, bias = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype), randn(n, dtype=dtype)
-    got = _kernel(lambda: mod.matmul(a, b, bias, "gelu_tanh", out=_poisoned(m, n, dtype=dtype)), "autotuned matmul")
+    out = _poisoned(m, n, dtype=dtype)
+    got = _kernel(lambda: mod.matmul(a, b, bias, "gelu_tanh", out=out), "autotuned matmul")
     ref = _ref(a, b, bias, "gelu_tanh")
     if dtype == torch.float32:  # TF32 tensor cores on a GPU: ~3e-4 relative, checked loosely
         assert rel_error(got, ref) <= 2e-3, f"tf32 matmul: relative error {rel_error(got, ref):.2e}"
@@ -94,8 +96,8 @@ def test_triton_batched_and_strided(impl):
     x = randn(2, 5, 40, dtype=dt)
     w = randn(33, 40, dtype=dt)           # nn.Linear weight [N, K]
     bias = non_contiguous(randn(33, dtype=dt))
-    got = _kernel(lambda: mod.matmul(x, w.t(), bias, out=_poisoned(2, 5, 33, dtype=dt), config=TEST_CONFIG),
-                  "batched matmul")
+    out = _poisoned(2, 5, 33, dtype=dt)
+    got = _kernel(lambda: mod.matmul(x, w.t(), bias, out=out, config=TEST_CONFIG), "batched matmul")
     assert_close(got, R.linear(x, w, bias), dtype=dt, name="batched x @ w.t() + bias")
     a = non_contiguous(randn(17, 40, dtype=dt))
     got = mod.matmul(a, w.t(), out=_poisoned(17, 33, dtype=dt), config=TEST_CONFIG)
@@ -134,7 +136,8 @@ def test_triton_long_k_as_accurate_as_torch(impl, dtype, shape):
     mod = _triton(impl)
     m, n, k = shape
     a, b = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype)
-    got = _kernel(lambda: mod.matmul(a, b, out=_poisoned(m, n, dtype=dtype), allow_tf32=False, config=TEST_CONFIG))
+    out = _poisoned(m, n, dtype=dtype)
+    got = _kernel(lambda: mod.matmul(a, b, out=out, allow_tf32=False, config=TEST_CONFIG))
     assert_as_accurate_as_torch(got, R.matmul(a, b), torch_matmul(a, b), dtype=dtype,
                                 name=f"triton matmul {m}x{n}x{k}")
 
