@@ -21,7 +21,7 @@ LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u
 
 .PHONY: test grade lab ncu notebooks bench-linear clean help
 help:
-	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub check"
+	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub and mutation checks"
 	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
 	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
 	@echo "make ncu STAGE=a05 - Nsight Compute on the stage's benchmark case (GPU + ncu); IMPL= as for grade, NCU_ARGS= more options"
@@ -34,8 +34,9 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
+# --mutants: also the slow course self-checks (the mutation checks, the stub check); CI runs this.
 test: $(STAMP)
-	$(BIN)/python -m pytest --impl solutions
+	$(BIN)/python -m pytest --impl solutions --mutants
 
 grade: $(STAMP)
 	$(BIN)/python -m common.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE))

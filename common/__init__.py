@@ -4,7 +4,8 @@ roofline accounting, CUDA-extension builds and float64 reference implementations
 Importing ``common`` first thing makes Triton kernels run under the Triton
 interpreter on machines without a CUDA GPU (``TRITON_INTERPRET=1``), so every
 Triton stage can be checked on a laptop CPU; there, loads and stores are also
-bounds-checked (an off-by-one mask raises an error naming the kernel and the tensor).
+bounds-checked (an off-by-one mask raises an error naming the kernel and the tensor), and
+float32 -> bfloat16 casts round to nearest even as on a GPU (the interpreter truncates).
 """
 import os
 
@@ -23,11 +24,12 @@ if TRITON_INTERPRET:
     # Out-of-bounds loads and stores raise a clear error under the interpreter instead of
     # silently corrupting host memory (common/interpreter_patch.py). Never on a GPU run.
     try:
-        from common.interpreter_patch import patch_bounds_check
+        from common.interpreter_patch import patch_bf16_round, patch_bounds_check
     except ImportError:     # no triton on this platform
         pass
     else:
         patch_bounds_check()
+        patch_bf16_round()    # fp32 -> bf16 rounds to nearest even, as on a GPU (the interpreter truncates)
 
 
 def is_hopper(device=None) -> bool:

@@ -135,9 +135,9 @@ def _unwritten(outs) -> bool:
 
 def _worker(impl: str, stage_key: str) -> dict:
     """Runs in a subprocess: the grader's trials and (GPU) the performance case of one stage."""
-    from common import HAS_CUDA, guard
+    from common import HAS_CUDA, guard, kernel_check
     from common.impl import load as load_impl
-    from common.profiling import profile, trace_ops
+    from common.profiling import profile
     from common.stages import NeedsGPU, by_key, tensors
     from common.testing import rel_error
 
@@ -172,12 +172,11 @@ def _worker(impl: str, stage_key: str) -> dict:
     worst_ratio, msgs = -1.0, []
     for tr in trials:
         try:
-            with _poison_empty(), trace_ops(functions=bool(tr.forbidden_functions)) as t:
+            with _poison_empty(), kernel_check.watch(tr.forbid) as t:
                 out = tr.call()
-            bad_ops = sorted({o for o in t.ops if tr.forbidden_ops and o.startswith(tr.forbidden_ops)}
-                             | {f for f in t.functions if f in tr.forbidden_functions})
+            bad_ops = kernel_check.called(t, tr.forbid)
             if bad_ops:
-                res["violations"].append(f"{tr.name}: called PyTorch ops {bad_ops} where the stage's kernel was asked for")
+                res["violations"].append(kernel_check.ops_message(tr.name, bad_ops))
                 continue
             outs, refs = tensors(out), tensors(tr.ref)
             if len(outs) != len(refs):
@@ -202,11 +201,10 @@ def _worker(impl: str, stage_key: str) -> dict:
             ratio = err / tr.tol if tr.tol else (0.0 if ok else float("inf"))
             if ratio > worst_ratio:
                 worst_ratio, res["worst_error"], res["tolerance"] = ratio, err, tr.tol
-            if ok and HAS_CUDA and tr.forbidden_kernels:
-                kernels = profile(tr.call, calls=1, warmup=1).kernels
-                bad = [k for k in kernels if any(p.lower() in k.lower() for p in tr.forbidden_kernels)]
+            if ok:
+                bad = kernel_check.launched(tr.call, tr.forbid)       # on a GPU: the profiler
                 if bad:
-                    res["violations"].append(f"{tr.name}: PyTorch/vendor kernels ran instead of the stage's: {bad[:3]}")
+                    res["violations"].append(kernel_check.kernels_message(tr.name, bad))
                     continue
             res["trials_passed"] += int(ok)
         except NeedsGPU as e:

@@ -16,6 +16,12 @@
   those integers, so a bf16 ``tl.dot`` returns garbage on the CPU (fp16, fp32 and
   fp8 are fine). The patch widens bf16 operands to fp32 first, which is what the
   tensor cores compute (exact products, fp32 accumulation).
+* :func:`patch_bf16_round` (installed by ``import common`` with the bounds check): the
+  interpreter casts float32 to bfloat16 by *truncating* the mantissa, where a GPU rounds to
+  nearest even, so every bf16 result it stores was twice as far from the exact value as on
+  a GPU (and an accumulator cast to bf16 drifted one way). With the patch the cast rounds to
+  nearest even, as on a GPU: bf16 results match PyTorch's, whose own error the tests use as
+  their yardstick (common.testing.calibrated_tol).
 """
 from __future__ import annotations
 
@@ -41,6 +47,29 @@ def patch_bf16_dot() -> None:
 
     create_dot._course_bf16_fix = True
     builder.create_dot = create_dot
+
+
+def patch_bf16_round() -> None:
+    """float32 -> bfloat16 casts round to nearest even (the interpreter truncates). Idempotent."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    builder = it.InterpreterBuilder
+    if getattr(builder.cast_impl, "_course_bf16_round", False):
+        return
+    original = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            data = np.asarray(src.data, dtype=np.float32)
+            out = torch.from_numpy(np.ascontiguousarray(data)).to(torch.bfloat16).view(torch.int16).numpy()
+            return it.TensorHandle(out.view(np.uint16).reshape(data.shape), tl.bfloat16)
+        return original(self, src, dst_type)
+
+    cast_impl._course_bf16_round = True
+    builder.cast_impl = cast_impl
 
 
 # =============================================================================== bounds check

@@ -5,10 +5,13 @@ Each stage gives
   shapes drawn at grading time (never announced, different on every run). Each
   trial's reference is computed in float64 from a private copy of the inputs
   *before* the submission runs, so the submission can neither see nor alter it.
-* forbidden aten ops per trial (checked on every trial with a dispatch trace, CPU and
-  GPU: calling ``F.gelu`` or ``torch.matmul`` where a kernel was asked for fails) and
-  forbidden GPU kernel names (checked with the profiler on a GPU: a PyTorch or cuBLAS
-  kernel where the stage's own kernel should run fails).
+  Each stage's draws end with the shapes of an earlier draw again and new values, so an
+  output memoised per shape fails; 16-bit matmuls are drawn at long K too and may be only a
+  few times less accurate than torch.matmul on the same inputs (testing.calibrated_tol).
+* what each trial may not call (common.kernel_check, the same check the graded tests make):
+  aten ops on every trial with a dispatch trace, CPU and GPU (calling ``F.gelu`` or
+  ``torch.matmul`` where a kernel was asked for fails), and GPU kernel names with the
+  profiler on a GPU (a PyTorch or cuBLAS kernel where the stage's own kernel should run).
 * ``perf(load)`` on a GPU: the submission against the PyTorch baseline it is graded
   against, with the FLOPs and bytes that place it on the roofline.
 """
@@ -27,28 +30,12 @@ from . import reference as ref
 from .profiling import fake_cuda, trace_ops
 from .roofline import (attention_flops, elementwise_bytes, gpt2_decode_bytes, gpt2_decode_flops, matmul_bytes,
                        matmul_flops)
-from .testing import REL_TOL, random_gpt2
+from .kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, BIAS_KERNEL, DECODE_ATTENTION, ENGINE, FUSED_LINEAR,
+                           GELU_KERNEL, LAYERNORM_KERNEL, MATMUL_KERNEL, NOTHING, WRITE_KV, Forbidden,
+                           attention_tile_bound, largest_new_tensor, tile_message)
+from .testing import REL_TOL, calibrated_tol, random_gpt2, rel_error, torch_matmul
 
 Load = Callable[[str], object]   # load("a03_fused_linear.fused_linear") -> module of the graded impl
-
-TORCH_ARITH = ("aten.add.", "aten.add_.", "aten.sub", "aten.mul", "aten.div", "aten.tanh", "aten.exp",
-               "aten.gelu", "aten.pow", "aten.addcmul", "aten.sigmoid", "aten.where")
-TORCH_GEMM = ("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear", "aten.baddbmm",
-              "aten.einsum", "aten.dot", "aten.mv", "aten._scaled_mm")
-TORCH_ATTENTION = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention",
-                   "aten._efficient_attention", "aten._cudnn_attention")
-#: GPU kernel names that mean PyTorch / cuBLAS / cuDNN did the work.
-ATEN_KERNELS = ("at::native", "elementwise_kernel")
-BLAS_KERNELS = ("gemm", "xmma", "cutlass", "cublas", "gemv", "splitK")
-#: What each FusedLinear backend may not call (its contract: "addmm" is one torch.addmm with the
-#: bias in cuBLAS's epilogue; "triton" is the GEMM x @ W^T, then the stage's add_bias_ kernel).
-#: F.linear, the baseline the stage is timed against, is refused in both.
-FUSED_LINEAR_FORBIDDEN = {
-    "addmm": TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
-    "triton": TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
-}
-BASELINE_FUNCTIONS = ("torch.nn.functional.linear",)
-ATTN_KERNELS = ("flash_fwd", "flash_bwd", "fmha", "cudnn", "pytorch_flash", "efficient_attention")
 
 
 class NeedsGPU(Exception):
@@ -63,12 +50,9 @@ class Trial:
     tol: float                                  # relative-error tolerance
     exact: bool = False                         # compare integers exactly (counts)
     scale: object = None                        # magnitude of the summed terms (testing.rel_error)
-    forbidden_ops: tuple[str, ...] = ()
-    forbidden_kernels: tuple[str, ...] = ()
-    #: torch-level functions (profiling.function_name) the trial must not call: composites
-    #: such as F.linear decompose into the very aten ops a backend may use (addmm), so only
-    #: the function-level trace tells "the baseline itself" from the asked-for call.
-    forbidden_functions: tuple[str, ...] = ()
+    #: what the call may not run (common.kernel_check, the same check the graded tests make):
+    #: aten ops traced on every trial, GPU kernels under the profiler on a GPU.
+    forbid: Forbidden = NOTHING
 
 
 @dataclass
@@ -109,6 +93,20 @@ def _pick_dtype(rng):
     return rng.choice([torch.float32, torch.float16, torch.bfloat16])
 
 
+def _with_repeat(rng: random.Random, g: torch.Generator, build, n: int, repeat: int = 1) -> list[Trial]:
+    """The trials of ``build(shape_rng, g, i)`` for i < n (a list each), each draw with shapes (and
+    dtypes) from its own seeded ``shape_rng`` and values from ``g``; then the first ``repeat`` draws
+    once more, the same shapes with new values from ``g``. Shapes drawn fresh never repeat, so only
+    these catch a submission that memoises its outputs per shape (cached from an earlier call)."""
+    seeds = [rng.randrange(2**62) for _ in range(n)]
+    trials = [t for i, s in enumerate(seeds) for t in build(random.Random(s), g, i)]
+    for i in range(repeat):
+        for t in build(random.Random(seeds[i]), g, i):
+            t.name += " [the shapes of an earlier trial again, new values]"
+            trials.append(t)
+    return trials
+
+
 # ----------------------------------------------------------------------------- a01
 def _a01_trials(load, rng):
     mod = load("a01_roundtrip_linear.roundtrip_linear")
@@ -143,18 +141,19 @@ def _a01_trials(load, rng):
 def _a02_trials(load, rng):
     mod = load("a02_pretransposed_linear.pretransposed_linear")
     g = _gen(rng)
-    trials = []
-    for _ in range(3):
-        dtype = _pick_dtype(rng)
-        fin, fout = rng.randint(1, 400), rng.randint(1, 700)
-        lead = tuple(rng.randint(1, 7) for _ in range(rng.randint(1, 3)))
+
+    def build(r, g, i):
+        dtype = _pick_dtype(r)
+        fin, fout = r.randint(1, 400), r.randint(1, 700)
+        lead = tuple(r.randint(1, 7) for _ in range(r.randint(1, 3)))
+        bias = r.random() < 0.5
         w = _randn(g, fout, fin, dtype=dtype, scale=fin**-0.5)
-        b = _randn(g, fout, dtype=dtype) if rng.random() < 0.5 else None
+        b = _randn(g, fout, dtype=dtype) if bias else None
         x = _randn(g, *lead, fin, dtype=dtype)
-        expected = ref.linear(x, w, b)
-        trials.append(Trial(f"PretransposedLinear {fin}->{fout} lead={lead} {dtype}",
-                            lambda w=w.clone(), b=None if b is None else b.clone(), x=x.clone(): mod.PretransposedLinear(w, b)(x),
-                            expected, REL_TOL[dtype], scale=ref.linear_scale(x, w, b)))
+        return [Trial(f"PretransposedLinear {fin}->{fout} lead={lead} {dtype}",
+                      lambda w=w.clone(), b=None if b is None else b.clone(), x=x.clone(): mod.PretransposedLinear(w, b)(x),
+                      ref.linear(x, w, b), REL_TOL[dtype], scale=ref.linear_scale(x, w, b))]
+    trials = _with_repeat(rng, g, build, 3)
     bias = rng.random() < 0.5
     trials.append(Trial(f"host transfers per call, bias={bias}", lambda: _count_layer(mod.PretransposedLinear, bias),
                         torch.tensor([2 if bias else 0]), 0, exact=True))
@@ -185,29 +184,29 @@ def _a03_trials(load, rng):
     ab = load("a03_fused_linear.add_bias")
     fl = load("a03_fused_linear.fused_linear")
     g = _gen(rng)
-    trials = []
-    for _ in range(2):
-        dtype = _pick_dtype(rng)
-        shape = tuple(rng.randint(1, 40) for _ in range(rng.randint(1, 2))) + (rng.randint(1, 1100),)
+
+    def bias_pair(r, g, i):
+        dtype = _pick_dtype(r)
+        shape = tuple(r.randint(1, 40) for _ in range(r.randint(1, 2))) + (r.randint(1, 1100),)
         y, b = _randn(g, *shape, dtype=dtype), _randn(g, shape[-1], dtype=dtype)
         expected = ref.add_bias(y, b)
-        trials.append(Trial(f"add_bias {shape} {dtype}", lambda y=y.clone(), b=b.clone(): ab.add_bias(y, b),
-                            expected, REL_TOL[dtype], forbidden_ops=TORCH_ARITH, forbidden_kernels=ATEN_KERNELS))
-        trials.append(Trial(f"add_bias_ (in place) {shape} {dtype}",
-                            lambda y=y.clone(), b=b.clone(): (ab.add_bias_(y, b), y)[1],
-                            expected, REL_TOL[dtype], forbidden_ops=TORCH_ARITH, forbidden_kernels=ATEN_KERNELS))
-    for backend in ("addmm", "triton"):
-        dtype = _pick_dtype(rng)
-        fin, fout = rng.randint(1, 300), rng.randint(1, 900)
-        lead = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        return [Trial(f"add_bias {shape} {dtype}", lambda y=y.clone(), b=b.clone(): ab.add_bias(y, b),
+                      expected, REL_TOL[dtype], forbid=BIAS_KERNEL),
+                Trial(f"add_bias_ (in place) {shape} {dtype}", lambda y=y.clone(), b=b.clone(): (ab.add_bias_(y, b), y)[1],
+                      expected, REL_TOL[dtype], forbid=BIAS_KERNEL)]
+
+    def linear(r, g, i):
+        backend = ("addmm", "triton")[i]
+        dtype = _pick_dtype(r)
+        fin, fout = r.randint(1, 300), r.randint(1, 900)
+        lead = tuple(r.randint(1, 6) for _ in range(r.randint(1, 3)))
         w = _randn(g, fout, fin, dtype=dtype, scale=fin**-0.5)
         b = _randn(g, fout, dtype=dtype)
         x = _randn(g, *lead, fin, dtype=dtype)
-        expected = ref.linear(x, w, b)
-        trials.append(Trial(f"FusedLinear({backend}) {fin}->{fout} lead={lead} {dtype}",
-                            lambda w=w.clone(), b=b.clone(), x=x.clone(), be=backend: fl.FusedLinear(w, b, be)(x),
-                            expected, REL_TOL[dtype], scale=ref.linear_scale(x, w, b),
-                            forbidden_ops=FUSED_LINEAR_FORBIDDEN[backend], forbidden_functions=BASELINE_FUNCTIONS))
+        return [Trial(f"FusedLinear({backend}) {fin}->{fout} lead={lead} {dtype}",
+                      lambda w=w.clone(), b=b.clone(), x=x.clone(), be=backend: fl.FusedLinear(w, b, be)(x),
+                      ref.linear(x, w, b), REL_TOL[dtype], scale=ref.linear_scale(x, w, b), forbid=FUSED_LINEAR[backend])]
+    trials = _with_repeat(rng, g, bias_pair, 2) + _with_repeat(rng, g, linear, 2, repeat=2)
     trials.append(Trial("FusedLinear host transfers per call", lambda: _count_layer(fl.FusedLinear, True),
                         torch.tensor([0]), 0, exact=True))
     return trials
@@ -224,17 +223,19 @@ def _a03_perf(load):
 
 
 # ----------------------------------------------------------------------------- a04 / a05
-def _gelu_trials(fn_of, label, rng, kernel_forbidden=ATEN_KERNELS):
+def _gelu_trials(fn_of, label, rng):
+    """Three draws, the first in fp32: only fp32's tolerance (1e-5) tells GPT-2's tanh GELU from the
+    erf GELU (1e-4 apart; in bf16 and fp16 both round to nearly the same values)."""
     g = _gen(rng)
-    trials = []
-    for _ in range(3):
-        dtype = _pick_dtype(rng)
-        shape = tuple(rng.randint(1, 50) for _ in range(rng.randint(1, 3))) + (rng.randint(1, 3000),)
+
+    def build(r, g, i):
+        dtype = torch.float32 if i == 0 else _pick_dtype(r)
+        lead = 50 if HAS_CUDA else 8          # the interpreter runs each block in Python: <= 1.5M elements
+        shape = tuple(r.randint(1, lead) for _ in range(r.randint(1, 3))) + (r.randint(1, 3000),)
         x = _randn(g, *shape, dtype=dtype, scale=3.0)
-        expected = ref.gelu_tanh(x)
-        trials.append(Trial(f"{label} {shape} {dtype}", lambda x=x.clone(): fn_of()(x), expected, REL_TOL[dtype],
-                            forbidden_ops=TORCH_ARITH, forbidden_kernels=kernel_forbidden))
-    return trials
+        return [Trial(f"{label} {shape} {dtype}", lambda x=x.clone(): fn_of()(x), ref.gelu_tanh(x), REL_TOL[dtype],
+                      forbid=GELU_KERNEL)]
+    return _with_repeat(rng, g, build, 3)
 
 
 def _a04_trials(load, rng):
@@ -257,30 +258,62 @@ def _gelu_perf(fn, label):
 
 
 # ----------------------------------------------------------------------------- a06
+def _matmul_tol(a: torch.Tensor, b: torch.Tensor, expected: torch.Tensor) -> float:
+    """c x torch.matmul's own error on these inputs (same dtype and device), or the dtype's floor."""
+    return calibrated_tol(rel_error(torch_matmul(a, b), expected), a.dtype)
+
+
+#: Long-K trials: K >= 4096 on a GPU, where an accumulator rounded to 16 bits on every K step
+#: costs several times cuBLAS's error; K = 4096 under the interpreter (32 steps of 128).
+LONG_K = (4096, 4608) if not HAS_CUDA else (4096, 8192)
+
+
 def _a06_trials(load, rng):
     tri = load("a06_matmul.matmul_triton")
     g = _gen(rng)
-    trials = []
     small = 72 if not HAS_CUDA else 700
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        m, n, k = (rng.randint(1, small) for _ in range(3))
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+
+    def build(r, g, i):
+        dtype = dtypes[i]
+        m, n, k = (r.randint(1, small) for _ in range(3))
         a, b = _randn(g, m, k, dtype=dtype), _randn(g, k, n, dtype=dtype)
         expected = ref.matmul(a, b)
-        tol = 2e-3 if dtype == torch.float32 else REL_TOL[dtype]  # fp32 dots run as tf32
-        trials.append(Trial(f"Triton matmul {m}x{n}x{k} {dtype}", lambda a=a.clone(), b=b.clone(): tri.matmul(a, b),
-                            expected, tol, forbidden_ops=TORCH_GEMM, forbidden_kernels=BLAS_KERNELS + ATEN_KERNELS))
+        tol = 2e-3 if dtype == torch.float32 else _matmul_tol(a, b, expected)   # fp32 dots run as tf32
+        return [Trial(f"Triton matmul {m}x{n}x{k} {dtype}", lambda a=a.clone(), b=b.clone(): tri.matmul(a, b),
+                      expected, tol, forbid=MATMUL_KERNEL)]
+    trials = _with_repeat(rng, g, build, len(dtypes))
+    for dtype in (torch.bfloat16,) + ((torch.float16,) if HAS_CUDA else ()):
+        m, n = (rng.randint(1, 40 if not HAS_CUDA else 700) for _ in range(2))
+        k = rng.randint(*LONG_K)
+        a, b = _randn(g, m, k, dtype=dtype), _randn(g, k, n, dtype=dtype)
+        expected = ref.matmul(a, b)
+        trials.append(Trial(f"Triton matmul, long K {m}x{n}x{k} {dtype} (tolerance: a few times torch.matmul's error)",
+                            lambda a=a.clone(), b=b.clone(): tri.matmul(a, b), expected, _matmul_tol(a, b, expected),
+                            forbid=MATMUL_KERNEL))
     if HAS_CUDA:
         cu = load("a06_matmul.matmul_cuda")
-        for version in (1, 2, 3, 4, 5, 6) + ((7,) if is_hopper() else ()):   # 1-4 fp32, 5-7 fp16/bf16
-            dtype = torch.float32 if version <= 4 else rng.choice([torch.float16, torch.bfloat16])
-            m, n, k = (rng.randint(1, 600) for _ in range(3))
-            if version == 7:                  # TMA: K and N multiples of 8
-                n, k = 8 * rng.randint(1, 75), 8 * rng.randint(1, 75)
+        versions = (1, 2, 3, 4, 5, 6) + ((7,) if is_hopper() else ())   # 1-4 fp32, 5-7 fp16/bf16
+
+        def cuda_trial(version, dtype, m, n, k, note=""):
             a, b = _randn(g, m, k, dtype=dtype), _randn(g, k, n, dtype=dtype)
             expected = ref.matmul(a, b)
-            trials.append(Trial(f"CUDA matmul v{version} {m}x{n}x{k} {dtype}",
-                                lambda a=a.clone(), b=b.clone(), v=version: cu.matmul(a, b, v), expected,
-                                REL_TOL[dtype], forbidden_ops=TORCH_GEMM, forbidden_kernels=BLAS_KERNELS + ATEN_KERNELS))
+            return Trial(f"CUDA matmul v{version} {m}x{n}x{k} {dtype}{note}",
+                         lambda a=a.clone(), b=b.clone(), v=version: cu.matmul(a, b, v), expected,
+                         _matmul_tol(a, b, expected), forbid=MATMUL_KERNEL)
+
+        def build_cuda(r, g, i):
+            version = versions[i]
+            dtype = torch.float32 if version <= 4 else r.choice([torch.float16, torch.bfloat16])
+            m, n, k = (r.randint(1, 600) for _ in range(3))
+            if version == 7:                  # TMA: K and N multiples of 8
+                n, k = 8 * r.randint(1, 75), 8 * r.randint(1, 75)
+            return [cuda_trial(version, dtype, m, n, k)]
+        trials += _with_repeat(rng, g, build_cuda, len(versions))
+        for version in versions[4:]:          # the tensor-core versions at long K
+            trials.append(cuda_trial(version, rng.choice([torch.float16, torch.bfloat16]), rng.randint(1, 600),
+                                     8 * rng.randint(1, 75), 8 * rng.randint(LONG_K[0] // 8, LONG_K[1] // 8),
+                                     " (long K; tolerance: a few times torch.matmul's error)"))
     return trials
 
 
@@ -294,15 +327,16 @@ def _a06_perf(load):
 
 
 # ----------------------------------------------------------------------------- a07
-def _attn_trials(fn, label, rng, forbidden_ops, forbidden_kernels):
+def _attn_trials(fn, label, rng, forbid: Forbidden):
     g = _gen(rng)
-    trials = []
-    for causal in (False, True):
-        dtype = torch.float32 if not HAS_CUDA else rng.choice([torch.float16, torch.bfloat16])
-        d = rng.choice([16, 32] if not HAS_CUDA else [16, 32, 64, 128])
-        nq = rng.randint(1, 80 if not HAS_CUDA else 600)
-        nk = nq if rng.random() < 0.5 else rng.randint(max(1, nq), (80 if not HAS_CUDA else 600) + nq)
-        lead = (rng.randint(1, 2), rng.randint(1, 3))
+
+    def build(r, g, i):
+        causal = (False, True)[i]
+        dtype = torch.float32 if not HAS_CUDA else r.choice([torch.float16, torch.bfloat16])
+        d = r.choice([16, 32] if not HAS_CUDA else [16, 32, 64, 128])
+        nq = r.randint(1, 80 if not HAS_CUDA else 600)
+        nk = nq if r.random() < 0.5 else r.randint(max(1, nq), (80 if not HAS_CUDA else 600) + nq)
+        lead = (r.randint(1, 2), r.randint(1, 3))
         q, k, v = (_randn(g, *lead, n, d, dtype=dtype) for n in (nq, nk, nk))
         do = _randn(g, *lead, nq, d, dtype=dtype)
         o_ref, _ = ref.attention(q, k, v, causal)
@@ -314,18 +348,46 @@ def _attn_trials(fn, label, rng, forbidden_ops, forbidden_kernels):
             o = fn()(q, k, v, causal)
             o.backward(do)
             return (o.detach(), q.grad, k.grad, v.grad)
-        trials.append(Trial(f"{label} fwd+bwd lead={lead} Nq={nq} Nk={nk} d={d} causal={causal} {dtype}",
-                            fwd_bwd, (o_ref, *grads_ref), tol, forbidden_ops=forbidden_ops,
-                            forbidden_kernels=forbidden_kernels))
-    return trials
+        return [Trial(f"{label} fwd+bwd lead={lead} Nq={nq} Nk={nk} d={d} causal={causal} {dtype}",
+                      fwd_bwd, (o_ref, *grads_ref), tol, forbid=forbid)]
+    return _with_repeat(rng, g, build, 2)
+
+
+def _tiled_memory_trial(ft, rng) -> Trial:
+    """Stage 7a's contract, never more than one [block_m, block_n] tile of scores, on sequences
+    several tiles long: the largest tensor each of its two functions creates (dispatch trace)."""
+    g = _gen(rng)
+    bm, bn, d = rng.choice([16, 32]), rng.choice([16, 32]), 16
+    nq = rng.randint(130, 260)
+    nk = rng.randint(nq, 300)
+    causal = rng.random() < 0.5
+    lead = (rng.randint(1, 2), rng.randint(1, 2))
+    q, k, v = (_randn(g, *lead, n, d) for n in (nq, nk, nk))
+    do = _randn(g, *lead, nq, d)
+    o_ref, l_ref = ref.attention(q, k, v, causal)
+    grads_ref = ref.attention_backward(q, k, v, do, causal)
+    bound = attention_tile_bound(q, k, bm, bn)
+
+    def call(q=q.clone(), k=k.clone(), v=v.clone(), do=do.clone()):
+        (o, lse), big = largest_new_tensor(lambda: ft.flash_forward_torch(q, k, v, causal, bm, bn), q, k, v)
+        if big.elements > bound:
+            raise AssertionError(tile_message(f"flash_forward_torch(block_m={bm}, block_n={bn})", big, bound, nq, nk))
+        grads, big = largest_new_tensor(lambda: ft.flash_backward_torch(q, k, v, o, lse, do, causal, bm, bn),
+                                        q, k, v, o, lse, do)
+        if big.elements > bound:
+            raise AssertionError(tile_message(f"flash_backward_torch(block_m={bm}, block_n={bn})", big, bound, nq, nk))
+        return (o, lse, *grads)
+    return Trial(f"tiled PyTorch, one tile at a time: lead={lead} Nq={nq} Nk={nk} d={d} blocks {bm}x{bn} "
+                 f"causal={causal} (largest tensor <= {bound} elements)", call, (o_ref, l_ref, *grads_ref), 1e-4,
+                 forbid=ATTENTION_TILED)
 
 
 def _a07_trials(load, rng):
     ft = load("a07_flash_attention.flash_torch")
     fx = load("a07_flash_attention.flash_triton")
-    return (_attn_trials(lambda: ft.flash_attention_torch, "tiled PyTorch", rng, TORCH_ATTENTION, ATTN_KERNELS)
-            + _attn_trials(lambda: fx.flash_attention, "Triton", rng, TORCH_ATTENTION + TORCH_GEMM + ("aten._softmax",),
-                           ATTN_KERNELS + BLAS_KERNELS))
+    return (_attn_trials(lambda: ft.flash_attention_torch, "tiled PyTorch", rng, ATTENTION_TILED)
+            + [_tiled_memory_trial(ft, rng)]
+            + _attn_trials(lambda: fx.flash_attention, "Triton", rng, ATTENTION_KERNEL))
 
 
 def _a07_perf(load):
@@ -338,22 +400,6 @@ def _a07_perf(load):
 
 
 # ----------------------------------------------------------------------------- a08
-#: The work stage 8's kernels (and the a06 matmul / a07 attention under them) replace. Prefixes
-#: of aten op names; "aten.exp." and not "aten.exp", which would also match aten.expand.
-TORCH_NORM = ("aten.native_layer_norm", "aten.layer_norm", "aten.var", "aten.std", "aten.mean", "aten.rsqrt",
-              "aten.sqrt")
-TORCH_GELU = ("aten.gelu", "aten.tanh", "aten.erf", "aten.sigmoid")
-TORCH_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._safe_softmax", "aten._log_softmax", "aten.log_softmax",
-                 "aten.logsumexp", "aten.exp.", "aten.exp_.", "aten.exp2")
-#: Torch-side KV-cache writes (slicing assignment is aten.copy_; the interpreter copies too, so
-#: copy_ only counts on a GPU, where its kernel is also caught by ATEN_KERNELS).
-TORCH_SCATTER = ("aten.index_put", "aten.scatter", "aten.slice_scatter", "aten.select_scatter", "aten.index_copy")
-#: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
-#: argmax of generate, copies), so it is checked for the kernels of the work itself only.
-NORM_KERNELS = ("layer_norm", "LayerNormForward", "RowwiseMoments")
-ACT_KERNELS = ("GeluCUDAKernel", "tanh_kernel", "softmax")
-ENGINE_OPS = TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX
-ENGINE_KERNELS = BLAS_KERNELS + ATTN_KERNELS + NORM_KERNELS + ACT_KERNELS
 A08_TINY = dict(vocab_size=257, n_positions=64, n_embd=64, n_layer=2)
 
 
@@ -381,8 +427,7 @@ def _decode_attention_trial(dec, g, rng, splits_forced: bool) -> Trial:
     def call(qkv=qkv.clone(), k=k.clone(), v=v.clone(), lens=lens.clone(), out=_nan((b, h, d), dtype)):
         return dec.decode_attention(qkv[:, :h * d].view(b, h, d), k, v, lens, splits=splits, out=out)
     return Trial(f"decode_attention B={b} H={h} d={d} S_max={s_max} lengths={lengths} splits={splits} {dtype}",
-                 call, expected, REL_TOL[dtype], forbidden_ops=TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
-                 forbidden_kernels=ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS)
+                 call, expected, REL_TOL[dtype], forbid=DECODE_ATTENTION)
 
 
 def _layernorm_trials(ln, g, rng) -> list[Trial]:
@@ -395,7 +440,7 @@ def _layernorm_trials(ln, g, rng) -> list[Trial]:
     eps = rng.choice([1e-5, 1e-3])
     h64 = ref._f64(x)[0] + ref._f64(r)[0]
     expected = (h64, ref.layer_norm(h64.to(dtype), w, b, eps))   # y normalises h as stored in x's dtype
-    forbid = dict(forbidden_ops=TORCH_ARITH + TORCH_NORM, forbidden_kernels=ATEN_KERNELS + NORM_KERNELS)
+    forbid = dict(forbid=LAYERNORM_KERNEL)
     trials = [Trial(f"add_layernorm {(*lead, c)} eps={eps} {dtype}",
                     lambda x=x.clone(), r=r.clone(), w=w.clone(), b=b.clone(), ho=_nan(x.shape, dtype),
                     yo=_nan(x.shape, dtype): ln.add_layernorm(x, r, w, b, eps, out=yo, h_out=ho),
@@ -431,8 +476,7 @@ def _write_kv_trial(kv, g, rng) -> Trial:
         return caches[0], caches[1]
     return Trial(f"write_kv B={b} T={t} H={h} d={d} S_max={s_max} start={start} {dtype}", call,
                  (want[0], want[1]), 0.0,
-                 forbidden_ops=TORCH_ARITH + TORCH_SCATTER + (("aten.copy_",) if HAS_CUDA else ()),
-                 forbidden_kernels=ATEN_KERNELS)
+                 forbid=WRITE_KV)
 
 
 def _tiny_gpt2(seed: int, n_head: int):
@@ -450,7 +494,7 @@ def _engine_trials(eng, g, rng) -> list[Trial]:
     vocab = A08_TINY["vocab_size"]
     model = _tiny_gpt2(rng.randrange(2**31), rng.choice([2, 4]))
     m64 = copy.deepcopy(model).to(torch.float64)
-    forbid = dict(forbidden_ops=ENGINE_OPS, forbidden_kernels=ENGINE_KERNELS)
+    forbid = dict(forbid=ENGINE)
     trials = []
 
     def new_engine(b, s):
@@ -511,7 +555,7 @@ def _a08_trials(load, rng):
     kv = load("a08_gpt2_inference.kv_cache")
     eng = load("a08_gpt2_inference.engine")
     g = _gen(rng)
-    return ([_decode_attention_trial(dec, g, rng, False), _decode_attention_trial(dec, g, rng, True)]
+    return (_with_repeat(rng, g, lambda r, g, i: [_decode_attention_trial(dec, g, r, i == 1)], 2)
             + _layernorm_trials(ln, g, rng) + [_write_kv_trial(kv, g, rng)] + _engine_trials(eng, g, rng))
 
 

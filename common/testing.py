@@ -91,6 +91,55 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | N
     return err
 
 
+#: Calibrated tolerances: a submission may be this many times less accurate than PyTorch's own
+#: op in the same dtype, on the same inputs (both measured against float64), ...
+CALIBRATION = {torch.float32: 4.0, torch.float16: 3.0, torch.bfloat16: 3.0}
+#: ... and any error below this floor passes (PyTorch's own error can be ~0: exact products, K = 1).
+#: The floor sits under what an accumulator kept in a 16-bit type costs at long K (bf16: ~1.4e-2 at
+#: K = 4096 in steps of 32, fp16: ~1.7e-3), above the rounding of one honest 16-bit result (bf16
+#: ~1.6e-3, fp16 ~2e-4); fp32 keeps REL_TOL's 1e-5 (a sequential fp32 sum over K is honest too).
+ERROR_FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}
+
+
+def calibrated_tol(torch_error: float, dtype: torch.dtype, c: float | None = None) -> float:
+    """The relative error allowed where PyTorch's own op in ``dtype`` is ``torch_error`` away from
+    float64: ``max(c * torch_error, ERROR_FLOOR[dtype])`` (c: CALIBRATION[dtype] unless given)."""
+    return max((CALIBRATION[dtype] if c is None else c) * torch_error, ERROR_FLOOR[dtype])
+
+
+def torch_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul(a, b)`` as the yardstick of :func:`calibrated_tol`: full-precision reductions
+    (no TF32, no cuBLAS split-K partial sums in fp16/bf16), so it is PyTorch's best in that dtype."""
+    m = torch.backends.cuda.matmul
+    saved = (m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
+    m.allow_tf32 = m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = False
+    try:
+        return torch.matmul(a, b)
+    finally:
+        m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
+
+
+def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, *,
+                                dtype: torch.dtype, name: str = "output", c: float | None = None,
+                                scale: torch.Tensor | None = None) -> float:
+    """``out`` (the submission) and ``torch_out`` (PyTorch's op on the same inputs, same dtype and
+    device) against the float64 ``ref``: the submission's relative error may be at most c times
+    PyTorch's (:func:`calibrated_tol`). Fixed tolerances are loose enough for an accumulator
+    rounded to bf16 on every K step; PyTorch's own error at the same K is not. Returns the error."""
+    assert isinstance(out, torch.Tensor), f"{name}: expected a tensor, got {type(out).__name__}"
+    assert tuple(out.shape) == tuple(ref.shape), (
+        f"{name}: shape {tuple(out.shape)} but the reference has shape {tuple(ref.shape)}")
+    assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    err, base = rel_error(out, ref, scale), rel_error(torch_out, ref, scale)
+    tol = calibrated_tol(base, dtype, c)
+    assert err <= tol, (
+        f"{name}: relative error {err:.2e} vs float64 is {err / max(base, 1e-300):.1f}x PyTorch's own error "
+        f"({base:.2e}) in {str(dtype).replace('torch.', '')} on the same inputs; allowed: "
+        f"{CALIBRATION[dtype] if c is None else c:g}x PyTorch or {ERROR_FLOOR[dtype]:.0e}, whichever is larger "
+        f"(rounding an fp32 accumulator to 16 bits inside the K loop costs this much)")
+    return err
+
+
 def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | None = None,
           generator: torch.Generator | None = None, scale: float = 1.0) -> torch.Tensor:
     """Fresh random normal tensor (never zeros), created in fp32 then cast."""

@@ -4,10 +4,15 @@
     pytest --impl solutions     # grade the reference solutions
     pytest --impl path/to/sub   # grade a submission laid out like assignments/
     COURSE_IMPL=solutions pytest
+    pytest --impl solutions --mutants   # also the slow course self-checks (make test, CI)
 
 Tests that take the ``impl`` fixture are *graded* (marked automatically); the
 rest check the course itself. Tests marked ``gpu`` need a CUDA GPU and skip
-elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU).
+elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU). Tests marked
+``mutants`` are the slow course self-checks (every buggy variant in tests/mutants/ is caught by
+the graded tests and, where it says so, by the grader alone; the untouched stubs fail every
+graded test): they skip unless ``--mutants`` is given. ``make test`` (and so CI) gives it; a
+plain ``pytest`` on a GPU machine leaves them out.
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from common.impl import ENV_VAR, load, resolve
 def pytest_addoption(parser):
     parser.addoption("--impl", default=None,
                      help="what to grade: assignments (default), solutions, or a path laid out like assignments/")
+    parser.addoption("--mutants", action="store_true", default=False,
+                     help="also run the slow course self-checks (marked 'mutants': the mutation checks of "
+                          "tests/mutants/, by pytest and by the grader, and the stub check); make test passes it")
 
 
 def pytest_configure(config):
@@ -35,6 +43,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "nvcc: needs the CUDA compiler (nvcc), not a GPU")
     config.addinivalue_line("markers", "graded: grades the selected impl (added to every test using the impl fixture)")
+    config.addinivalue_line("markers", "mutants: slow course self-check; runs only with --mutants (make test, CI)")
 
 
 def pytest_report_header(config):
@@ -45,7 +54,11 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU: this machine has none (runs on a GPU machine)")
     no_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA compiler) to check CUDA sources")
+    no_mutants = pytest.mark.skip(reason="slow course self-check: runs with --mutants (make test, CI)")
+    mutants = config.getoption("--mutants")
     for item in items:
+        if "mutants" in item.keywords and not mutants:
+            item.add_marker(no_mutants)
         if "impl" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.graded)
         if "gpu" in item.keywords and not HAS_CUDA:

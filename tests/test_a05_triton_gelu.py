@@ -1,6 +1,8 @@
 """Stage 5: GPT-2's GELU as one Triton kernel, a torch custom op that composes with torch.compile.
 
-Runs on the GPU, and under the Triton interpreter on a CPU (small sizes there).
+Runs on the GPU, and under the Triton interpreter on a CPU (small sizes there). Calls are
+checked to be the kernel (common.kernel_check: no torch arithmetic or GELU traced; on a GPU
+no PyTorch kernel profiled), as the grader checks them.
 """
 import pytest
 import torch
@@ -10,6 +12,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
 from common.impl import load
+from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import profile, trace_ops
 from common.testing import assert_close, non_contiguous, randn, randomize_, tiny_gpt2_config
 
@@ -33,8 +36,10 @@ def _poison(n: int, dtype: torch.dtype) -> None:
 
 
 def _run(mod, x):
+    """One call, checked to be the kernel (no torch arithmetic; on a GPU no PyTorch kernel, unless x
+    is strided: then the given op's x.contiguous() is a PyTorch copy kernel)."""
     _poison(x.numel(), x.dtype)
-    return mod.gelu(x)
+    return assert_is_kernel(lambda: mod.gelu(x), GELU_KERNEL, "gelu", kernels=x.is_contiguous())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -42,6 +47,15 @@ def _run(mod, x):
 def test_matches_reference(mod, dtype, shape):
     x = randn(*shape, dtype=dtype, scale=3.0)
     assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_shape_new_values(mod, dtype):
+    """Calls with the same shape and new values give new (correct) outputs: nothing is cached."""
+    for i in range(3):
+        x = randn(3, 257, dtype=dtype, scale=3.0)
+        assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype,
+                     name=f"call {i + 1} with the same shape (3, 257) as call 1, new values")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

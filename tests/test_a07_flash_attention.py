@@ -4,7 +4,11 @@ Everything is checked against common.reference.attention / attention_backward
 (float64, materialised matrix) on fresh random inputs: O, the saved L, dQ, dK, dV,
 causal (bottom-right) and not, Nq != Nk, sizes that are no multiple of any block.
 On the CPU the Triton kernels run under the interpreter at small sizes; the
-``gpu`` tests add larger sizes and the memory check on a GPU.
+``gpu`` tests add larger sizes and the memory check on a GPU. Every forward and backward is
+checked to be the stage's work (common.kernel_check, as the grader checks it): 7b calls no
+PyTorch attention, matmul or softmax (on a GPU: no cuBLAS or SDPA kernel), 7a no fused
+attention op; and 7a's largest tensor is one [block_m, block_n] tile of scores, never the
+Nq x Nk matrix (a dispatch trace of every tensor it creates, on any device).
 """
 import pytest
 import torch
@@ -12,6 +16,8 @@ import torch
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
 from common.impl import load
+from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, assert_is_kernel, attention_tile_bound,
+                                 largest_new_tensor, tile_message)
 from common.testing import assert_close, non_contiguous, randn, rel_error
 
 TORCH_MOD = "a07_flash_attention.flash_torch"
@@ -64,8 +70,21 @@ def saved_lse(o):
     return found[-1], saved
 
 
+def forbid_of(apply):
+    """What the implementation behind ``apply`` may not call: 7b its kernels' work, 7a a fused attention op."""
+    owner = getattr(apply, "__self__", None)           # FlashAttentionTorch.apply: the class
+    return ATTENTION_TILED if getattr(owner, "__name__", "") == "FlashAttentionTorch" else ATTENTION_KERNEL
+
+
+def grads_of(o, q, k, v, do, forbid):
+    """(dQ, dK, dV) by autograd, checked to be the stage's backward (the graph is kept: on a GPU the
+    profiler runs it again)."""
+    return assert_is_kernel(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), forbid, "backward")
+
+
 def run_and_check(apply, q, k, v, causal, dtype, backward=True):
-    o = apply(q, k, v, causal)
+    forbid = forbid_of(apply)
+    o = assert_is_kernel(lambda: apply(q, k, v, causal), forbid, "forward")
     r_o, r_l = ref.attention(q, k, v, causal)
     check(o, r_o, dtype, "O")
     lse, saved = saved_lse(o)
@@ -76,7 +95,7 @@ def run_and_check(apply, q, k, v, causal, dtype, backward=True):
             f"a saved tensor has the attention matrix's shape {tuple(t.shape)}: save L, not P"
     if backward:
         do = randn(*o.shape, dtype=dtype, device=o.device)
-        dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+        dq, dk, dv = grads_of(o, q, k, v, do, forbid)
         for name, g, r in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref.attention_backward(q, k, v, do, causal)):
             check(g, r, dtype, name, grad=True)
 
@@ -119,7 +138,8 @@ def rows_without_keys(apply, dtype, device):
     """Causal with Nq > Nk: the first Nq - Nk queries see no key (O = 0, L = -inf, dQ = 0)."""
     nq, nk, d = 53, 21, 32
     q, k, v = qkv((2,), nq, nk, d, dtype, device=device)
-    o = apply(q, k, v, True)
+    forbid = forbid_of(apply)
+    o = assert_is_kernel(lambda: apply(q, k, v, True), forbid, "forward")
     lse, _ = saved_lse(o)
     e = nq - nk
     assert torch.isfinite(o).all(), "O has NaN/inf (rows that see no key must be 0)"
@@ -129,7 +149,7 @@ def rows_without_keys(apply, dtype, device):
     check(o[:, e:], r_o, dtype, "O (rows with keys)")
     check_lse(lse[:, e:], r_l, dtype)
     do = randn(*o.shape, dtype=dtype, device=o.device)
-    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    dq, dk, dv = grads_of(o, q, k, v, do, forbid)
     assert (dq[:, :e] == 0).all(), "dQ of rows that see no key must be 0"
     r_dq, r_dk, r_dv = ref.attention_backward(q[:, e:], k, v, do[:, e:], True)
     check(dq[:, e:], r_dq, dtype, "dQ", grad=True)
@@ -139,6 +159,41 @@ def rows_without_keys(apply, dtype, device):
 
 def test_torch_rows_without_keys(tiled):
     rows_without_keys(tiled.FlashAttentionTorch.apply, torch.float32, "cpu")
+
+
+def _largest(what, call, bound, nq, nk, *given):
+    out, big = largest_new_tensor(call, *given)
+    assert big.elements <= bound, tile_message(what, big, bound, nq, nk)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_one_tile_at_a_time(tiled, causal):
+    """The contract: never more than one [block_m, block_n] tile of S. Every tensor the forward and
+    the backward create (dispatch trace) is at most a tile or an [N, d] tensor per head, on
+    sequences many tiles long: a whole Nq x Nk matrix (or a [block_m, Nk] row of it) fails."""
+    lead, nq, nk, d, bm, bn = (2,), 200, 240, 16, 32, 16
+    q, k, v = qkv(lead, nq, nk, d, torch.float32, device="cpu", grad=False)
+    do = randn(*q.shape, device="cpu")
+    bound = attention_tile_bound(q, k, bm, bn)
+    o, lse = _largest(f"flash_forward_torch(block_m={bm}, block_n={bn})",
+                      lambda: tiled.flash_forward_torch(q, k, v, causal, bm, bn), bound, nq, nk, q, k, v)
+    r_o, r_l = ref.attention(q, k, v, causal)
+    check(o, r_o, torch.float32, "O")
+    check_lse(lse, r_l, torch.float32)
+    grads = _largest(f"flash_backward_torch(block_m={bm}, block_n={bn})",
+                     lambda: tiled.flash_backward_torch(q, k, v, o, lse, do, causal, bm, bn), bound, nq, nk,
+                     q, k, v, o, lse, do)
+    for name, g, r in zip(("dQ", "dK", "dV"), grads, ref.attention_backward(q, k, v, do, causal)):
+        check(g, r, torch.float32, name)
+    # Through autograd, with the module's BLOCK_M x BLOCK_N tiles.
+    n = 4 * max(tiled.BLOCK_M, tiled.BLOCK_N) + 3
+    q, k, v = qkv(lead, n, n, d, torch.float32, device="cpu")
+    bound = attention_tile_bound(q, k, tiled.BLOCK_M, tiled.BLOCK_N)
+    o = _largest("FlashAttentionTorch forward", lambda: tiled.FlashAttentionTorch.apply(q, k, v, causal), bound,
+                 n, n, q, k, v)
+    _largest("FlashAttentionTorch backward", lambda: o.backward(randn(*o.shape, device="cpu")), bound, n, n,
+             q, k, v, o)
 
 
 # ------------------------------------------------------------------------ 7b: Triton

@@ -81,6 +81,7 @@ def test_same_public_api(module):
             f"changed {[(k, api[k], sol[k]) for k in changed]}")
 
 
+@pytest.mark.mutants
 def test_untouched_stubs_fail_every_graded_test(tmp_path):
     """Run the graded tests against assignments/: none may pass."""
     if resolve() != REPO / "solutions":

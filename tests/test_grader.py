@@ -140,6 +140,46 @@ def test_hard_coded_output_is_caught(tmp_path):
     assert report["stages"][0]["correctness"] == "fail", table
 
 
+def test_outputs_memoised_per_shape_are_caught(tmp_path):
+    """A cache keyed by shape never hits on fresh shapes: each stage's trials end with the shapes of
+    an earlier trial again and new values, so the grader alone (no tests) rejects it."""
+    sub = _submission(tmp_path, {"a02_pretransposed_linear/pretransposed_linear.py": [(
+        "        y = x @ self.weight_t\n",
+        "        memo = globals().setdefault('_MEMO', {})\n        key = (tuple(x.shape), x.dtype)\n"
+        "        y = memo[key] if key in memo else memo.setdefault(key, x @ self.weight_t)\n")]})
+    report, _, table = _grade(sub, tmp_path, "a02", "--no-tests")
+    (st,) = report["stages"]
+    assert st["correctness"] == "fail" and st["score"] == 0, table
+    assert "the shapes of an earlier trial again" in st["message"], st["message"]
+
+
+def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
+    """What the trials are made of (built, not run): every stage with tensor trials repeats an
+    earlier trial's shapes, the GELU stages always draw fp32 (only its 1e-5 tells the erf GELU from
+    the tanh GELU), the matmul stage draws long K against torch.matmul's own error, and stage 7a
+    has a one-tile-at-a-time trial; each trial carries the Forbidden of common.kernel_check."""
+    import random
+
+    from common import kernel_check
+    from common.impl import load
+    from common.stages import by_key
+    from common.testing import REL_TOL
+
+    def trials(key):
+        return by_key(key).trials(lambda m: load(m, "solutions"), random.Random(7))
+    for key in ("a02", "a03", "a05", "a06", "a07"):
+        names = [t.name for t in trials(key)]
+        assert any("the shapes of an earlier trial again" in n for n in names), (key, names)
+    gelu = trials("a05")
+    assert sum("torch.float32" in t.name for t in gelu) >= 2 and all(t.forbid == kernel_check.GELU_KERNEL for t in gelu)
+    long_k = [t for t in trials("a06") if "long K" in t.name]
+    assert long_k and all(t.tol < REL_TOL[torch.bfloat16] for t in long_k), [(t.name, t.tol) for t in long_k]
+    assert all(t.forbid == kernel_check.MATMUL_KERNEL for t in trials("a06"))
+    a07 = trials("a07")
+    assert any("one tile at a time" in t.name for t in a07)
+    assert {t.forbid for t in a07} == {kernel_check.ATTENTION_TILED, kernel_check.ATTENTION_KERNEL}
+
+
 def test_crash_and_hang_fail_only_their_stage(tmp_path):
     sub = _submission(tmp_path, {
         "a02_pretransposed_linear/pretransposed_linear.py": [("import torch\n", "import os\nimport torch\nos._exit(3)\n")],

@@ -208,3 +208,24 @@ def test_mask_from_a_scalar_and_a_tile(h, block_h):
     want = torch.zeros(h, 5, 4)
     want[:, 3:5] = 1.0
     assert torch.equal(out, want)
+
+
+@triton.jit
+def to_bf16_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs).to(tl.bfloat16))
+
+
+def test_fp32_to_bf16_rounds_to_nearest_even():
+    """Plain Triton's interpreter truncates float32 -> bfloat16 (about half of all values one ulp
+    off); patched, the cast rounds to nearest even as a GPU does, and as torch's .to(bfloat16)."""
+    from common.interpreter_patch import patch_bf16_round
+    x = torch.randn(4096) * 100
+    x[:4] = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8), 1.0 - 2.0**-10])   # ties, both ways
+    out = torch.empty(4096, dtype=torch.bfloat16)
+    to_bf16_kernel[(1,)](x, out, BLOCK=4096)
+    assert torch.equal(out.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
+    from triton.runtime import interpreter as it
+    before = it.InterpreterBuilder.cast_impl
+    patch_bf16_round()
+    assert it.InterpreterBuilder.cast_impl is before

@@ -1,13 +1,20 @@
 """Mutation checks (not graded): every buggy variant of a solution (tests/mutants/)
-must fail at least one graded test of its stage. Runs with ``--impl solutions``
-(make test), like the stub check; the mutants are graded in worker processes: two
-(CI's 2-core machine) unless COURSE_MUTANT_WORKERS says how many."""
+must fail at least one graded test of its stage, and a variant that names ``grader=``
+(cheats, precision faults: tests/mutants/cheat.py, precision.py) must also be rejected by
+the grader alone (``python -m common.grade --no-tests``: its trials, no tests), since the
+grader may never accept what the tests reject. Slow: marked ``mutants``, so they run only
+with ``--mutants`` (make test and CI pass it; a plain ``pytest`` on a GPU machine skips
+them). Runs with ``--impl solutions``, like the stub check; the mutants are graded in worker
+processes: two (CI's 2-core machine) unless COURSE_MUTANT_WORKERS says how many."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -16,26 +23,34 @@ from common.impl import REPO, resolve
 from mutants import all_mutants
 
 MUTANTS = all_mutants()
+GRADER_MUTANTS = [m for m in MUTANTS if m.grader is not None]
 WORKERS = int(os.environ.get("COURSE_MUTANT_WORKERS", "2"))
+
+
+def _chosen(request, param: str) -> set[str]:
+    """The mutants selected (pytest -k) for ``param``, so a long GPU run can be split by stage."""
+    return {it.callspec.params[param].id for it in request.session.items
+            if param in getattr(getattr(it, "callspec", None), "params", {})}
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
 
 
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory):
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
-    # Grade only the mutants selected (pytest -k), so a long GPU run can be split by stage.
-    chosen = {it.callspec.params["mutant"].id for it in request.session.items
-              if "mutant" in getattr(getattr(it, "callspec", None), "params", {})}
+    chosen = _chosen(request, "mutant")
     ids = [m.id for m in MUTANTS if (HAS_CUDA or not m.gpu) and m.id in chosen]
     tmp = tmp_path_factory.mktemp("mutants")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
     procs = []
     for w in range(WORKERS):
         part = ids[w::WORKERS]
         if part:
             out = tmp / f"w{w}.json"
             procs.append((out, subprocess.Popen([sys.executable, "-m", "mutants.run", str(out), *part], cwd=REPO,
-                                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+                                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     results, logs = {}, []
     for out, p in procs:
         log, _ = p.communicate(timeout=3600)
@@ -54,6 +69,7 @@ def test_mutant_ids_are_unique():
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 
 
+@pytest.mark.mutants
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
 def test_mutant_is_caught(mutant, outcomes):
     if mutant.gpu and not HAS_CUDA:
@@ -66,3 +82,46 @@ def test_mutant_is_caught(mutant, outcomes):
     missing = [s for s in mutant.expect if s not in r.get("message", "")]
     assert not missing, (f"mutant '{mutant.bug}' was caught by {r['first_failure']}, but the failure message lacks "
                          f"{missing}; it reads:\n{r.get('message', '')}")
+
+
+def _grade_alone(mutant) -> dict:
+    """The mutant graded by the grader alone: ``common.grade --no-tests`` on its stage."""
+    from mutants.run import apply
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            sub = apply(mutant, Path(tmp) / "mutant")
+        except ValueError as e:
+            return {"error": str(e)}
+        cmd = [sys.executable, "-m", "common.grade", "--impl", str(sub), "--stages", mutant.stage[:3], "--no-tests",
+               "--json", "--quiet", "--timeout", "900"]
+        r = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1200)
+    try:
+        (st,) = json.loads(r.stdout)["stages"]
+    except (ValueError, KeyError) as e:
+        return {"error": f"no report ({type(e).__name__}): {(r.stdout + r.stderr)[-2000:]}"}
+    return {"score": st["score"], "correctness": st["correctness"],
+            "report": "; ".join(st["violations"] + [st["message"]])}
+
+
+@pytest.fixture(scope="module")
+def grader_outcomes(request):
+    if resolve() != REPO / "solutions":
+        pytest.skip("course self-check: runs with --impl solutions (make test)")
+    chosen = [m for m in GRADER_MUTANTS if m.id in _chosen(request, "gmutant") and (HAS_CUDA or not m.gpu)]
+    with ThreadPoolExecutor(max_workers=max(1, WORKERS)) as pool:     # each grade is its own process
+        return dict(zip((m.id for m in chosen), pool.map(_grade_alone, chosen)))
+
+
+@pytest.mark.mutants
+@pytest.mark.parametrize("gmutant", GRADER_MUTANTS, ids=[m.id for m in GRADER_MUTANTS])
+def test_grader_alone_rejects_mutant(gmutant, grader_outcomes):
+    """Cheats and precision faults: the grader's trials alone (no tests) score the stage 0."""
+    if gmutant.gpu and not HAS_CUDA:
+        pytest.skip("only a GPU run can catch this mutant")
+    r = grader_outcomes[gmutant.id]
+    assert "error" not in r, r["error"]
+    assert r["correctness"] == "fail" and r["score"] == 0, (
+        f"the grader alone (--no-tests) accepted mutant '{gmutant.bug}' in {gmutant.stage}/{gmutant.file}: "
+        f"{r['correctness']}, {r['score']} points; {r['report']}")
+    missing = [s for s in gmutant.grader if s not in r["report"]]
+    assert not missing, f"the grader rejected '{gmutant.bug}', but its report lacks {missing}; it reads:\n{r['report']}"

@@ -6,6 +6,8 @@ applying when a solution changes). ``tests/test_mutants.py`` grades each one and
 expects at least one graded test of its stage to fail; where ``expect`` is given,
 the first failure's message must also contain each of those strings (a bug the
 student should be told about in plain words, e.g. the kernel name and "out of bounds").
+Where ``grader`` is given, the grader alone (its trials, no tests) must reject the mutant as
+well: the grader must never accept what the graded tests reject (cheat.py, precision.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ class Mutant:
     edits: list[tuple[str, str]] = field(default_factory=list)
     gpu: bool = False          # only a GPU run can catch it (CUDA kernels, profiler)
     expect: tuple[str, ...] = ()   # substrings the first failure's message must contain
+    #: None: checked with the graded tests only. A tuple: the grader alone (``common.grade --no-tests``,
+    #: its trials) must reject it too, and its report (violations and message) must contain these.
+    grader: tuple[str, ...] | None = None
 
     @property
     def id(self) -> str:

@@ -19,7 +19,7 @@ BT=/tmp/mutants_basetemp
 cat "$OUT/env.txt"
 
 t0=$(date +%s)
-timeout -k 10 ${LIMIT:-540} $PY -m pytest tests/test_mutants.py --impl solutions -q -rfEs -s --basetemp=$BT \
+timeout -k 10 ${LIMIT:-540} $PY -m pytest tests/test_mutants.py --impl solutions --mutants -q -rfEs -s --basetemp=$BT \
   ${K:+-k "$K"} > "$OUT/pytest_mutants.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
 

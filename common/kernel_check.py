@@ -1,0 +1,217 @@
+"""The "is it a kernel?" check, shared by the graded tests and the grader.
+
+A stage asks for a kernel (a Triton program, a CUDA op, a tiled loop): a submission that
+calls the PyTorch op it replaces gets the right numbers because PyTorch computed them, so
+no value test can tell. What each graded callable may not call is written here once, as a
+:class:`Forbidden`, and checked the same way by pytest (:func:`assert_is_kernel`) and by
+the grader's trials (common/grade.py, through :func:`watch`, :func:`called` and
+:func:`launched`):
+
+* aten ops, from a dispatch trace of the call (``TorchDispatchMode``; CPU and GPU alike):
+  ``torch.matmul`` where a matmul kernel was asked for shows as ``aten.mm``;
+* torch-level functions, from a ``TorchFunctionMode`` trace, for composites that leave no
+  aten op of their own (``F.linear`` is an ``aten.addmm``, which a backend may call);
+* GPU kernel names, from ``torch.profiler`` on a GPU: a cuBLAS or PyTorch kernel where the
+  stage's own kernel should run.
+
+Stage 7a's memory contract (never more than one [block_m, block_n] tile of scores) is
+checked the same way on any device: :func:`largest_new_tensor` traces every tensor a
+call creates.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from . import HAS_CUDA
+from .profiling import OpTrace, profile, trace_ops
+
+# ----------------------------------------------------------------------------- the work, by kind
+#: Prefixes of aten op names. "aten.add." and not "aten.add", which would also match aten.addmm;
+#: "aten.exp." and not "aten.exp", which would also match aten.expand.
+TORCH_ARITH = ("aten.add.", "aten.add_.", "aten.sub", "aten.mul", "aten.div", "aten.tanh", "aten.exp",
+               "aten.gelu", "aten.pow", "aten.addcmul", "aten.sigmoid", "aten.where")
+TORCH_GEMM = ("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear", "aten.baddbmm",
+              "aten.einsum", "aten.dot", "aten.mv", "aten._scaled_mm")
+TORCH_ATTENTION = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention",
+                   "aten._efficient_attention", "aten._cudnn_attention")
+TORCH_NORM = ("aten.native_layer_norm", "aten.layer_norm", "aten.var", "aten.std", "aten.mean", "aten.rsqrt",
+              "aten.sqrt")
+TORCH_GELU = ("aten.gelu", "aten.tanh", "aten.erf", "aten.sigmoid")
+TORCH_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._safe_softmax", "aten._log_softmax", "aten.log_softmax",
+                 "aten.logsumexp", "aten.exp.", "aten.exp_.", "aten.exp2")
+#: Torch-side KV-cache writes (slicing assignment is aten.copy_; the interpreter copies too, so
+#: copy_ only counts on a GPU, where its kernel is also caught by ATEN_KERNELS).
+TORCH_SCATTER = ("aten.index_put", "aten.scatter", "aten.slice_scatter", "aten.select_scatter", "aten.index_copy")
+#: GPU kernel names (substrings, any case) that mean PyTorch / cuBLAS / cuDNN did the work.
+ATEN_KERNELS = ("at::native", "elementwise_kernel")
+BLAS_KERNELS = ("gemm", "xmma", "cutlass", "cublas", "gemv", "splitK")
+ATTN_KERNELS = ("flash_fwd", "flash_bwd", "fmha", "cudnn", "pytorch_flash", "efficient_attention")
+NORM_KERNELS = ("layer_norm", "LayerNormForward", "RowwiseMoments")
+ACT_KERNELS = ("GeluCUDAKernel", "tanh_kernel", "softmax")
+#: The baseline stage 3 is timed against: a composite (an aten.addmm underneath).
+BASELINE_FUNCTIONS = ("torch.nn.functional.linear",)
+#: SDPA by name: with inputs that require grad (or on some backends) it runs as its math
+#: composite, and the dispatch trace sees only bmm and softmax, which stage 7a may call.
+ATTENTION_FUNCTIONS = ("torch.nn.functional.scaled_dot_product_attention",)
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    """What a call may not run: aten op-name prefixes (``ops``), GPU kernel-name substrings
+    (``kernels``) and torch-level function names (``functions``, see profiling.function_name)."""
+    ops: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.ops or self.kernels or self.functions)
+
+
+NOTHING = Forbidden()
+
+# ----------------------------------------------------------------------------- per graded callable
+#: a03: the bias kernel (add_bias, add_bias_).
+BIAS_KERNEL = Forbidden(TORCH_ARITH, ATEN_KERNELS)
+#: a03: what each FusedLinear backend may not call (its contract: "addmm" is one torch.addmm with the
+#: bias in cuBLAS's epilogue; "triton" is the GEMM x @ W^T, then the stage's add_bias_ kernel).
+#: F.linear, the baseline the stage is timed against, is refused in both.
+FUSED_LINEAR = {
+    "addmm": Forbidden(TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
+                       functions=BASELINE_FUNCTIONS),
+    "triton": Forbidden(TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
+                        functions=BASELINE_FUNCTIONS),
+}
+#: Without a bias either backend is the GEMM x @ W^T alone (no addmm, no arithmetic, no F.linear).
+FUSED_LINEAR_NO_BIAS = FUSED_LINEAR["triton"]
+#: a04 (CUDA op) and a05 (Triton): GELU as one kernel.
+GELU_KERNEL = Forbidden(TORCH_ARITH + TORCH_GELU, ATEN_KERNELS + ACT_KERNELS)
+#: a06: the matmul kernels (Triton, CUDA versions 1-7), epilogue included.
+MATMUL_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
+#: a07a: tiled attention in PyTorch (its matmuls are torch's, by design; the fused op is not).
+ATTENTION_TILED = Forbidden(TORCH_ATTENTION, ATTN_KERNELS, ATTENTION_FUNCTIONS)
+#: a07b: the Triton forward and backward kernels.
+ATTENTION_KERNEL = Forbidden(TORCH_ATTENTION + TORCH_GEMM + TORCH_SOFTMAX, ATTN_KERNELS + BLAS_KERNELS + ACT_KERNELS,
+                             ATTENTION_FUNCTIONS)
+#: a08's kernels and the engine built on them.
+DECODE_ATTENTION = Forbidden(TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
+                             ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
+LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNELS)
+WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + (("aten.copy_",) if HAS_CUDA else ()), ATEN_KERNELS)
+#: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
+#: argmax of generate, copies), so it is checked for the kernels of the work itself only.
+ENGINE = Forbidden(TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX,
+                   BLAS_KERNELS + ATTN_KERNELS + NORM_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
+
+
+# ----------------------------------------------------------------------------- the check
+@contextlib.contextmanager
+def watch(forbid: Forbidden = NOTHING) -> Iterator[OpTrace]:
+    """``with watch(forbid) as t: call()``: the dispatch trace (and, when ``forbid`` names
+    functions, the function trace) that :func:`called` reads."""
+    with trace_ops(functions=bool(forbid.functions)) as t:
+        yield t
+
+
+def called(trace: OpTrace, forbid: Forbidden) -> list[str]:
+    """The forbidden aten ops and torch functions in ``trace``, sorted, each once."""
+    ops = {o for o in trace.ops if forbid.ops and o.startswith(forbid.ops)}
+    return sorted(ops | {f for f in trace.functions if f in forbid.functions})
+
+
+def launched(call: Callable[[], object], forbid: Forbidden) -> list[str]:
+    """On a GPU: the forbidden kernels one more call of ``call()`` launches (profiler); [] elsewhere."""
+    if not (HAS_CUDA and forbid.kernels):
+        return []
+    kernels = profile(call, calls=1, warmup=0).kernels
+    pats = [p.lower() for p in forbid.kernels]
+    return [k for k in kernels if any(p in k.lower() for p in pats)]
+
+
+def ops_message(what: str, bad: list[str]) -> str:
+    bad = [b.replace("torch.nn.functional.", "F.") for b in bad]       # as a student writes it
+    return (f"{what}: called PyTorch ops {bad} where the stage's kernel was asked for (the grader scores "
+            f"such a stage 0: its numbers are right because PyTorch computed them)")
+
+
+def kernels_message(what: str, bad: list[str]) -> str:
+    return f"{what}: PyTorch/vendor kernels ran instead of the stage's: {bad[:3]}"
+
+
+class NotAKernel(AssertionError):
+    """The call ran the PyTorch op (or vendor kernel) that the stage replaces."""
+
+
+def assert_is_kernel(call: Callable[[], object], forbid: Forbidden, what: str, *, kernels: bool = True):
+    """Run ``call()`` once under the trace and return its result; raise :class:`NotAKernel`
+    naming the ops if it called what ``forbid`` refuses. On a GPU (``kernels=True``) one more
+    call runs under the profiler and is checked for forbidden kernels. Graded tests wrap the
+    submission's calls with this; the grader's trials run the same checks."""
+    with watch(forbid) as t:
+        out = call()
+    bad = called(t, forbid)
+    if bad:
+        raise NotAKernel(ops_message(what, bad))
+    if kernels:
+        bad = launched(call, forbid)
+        if bad:
+            raise NotAKernel(kernels_message(what, bad))
+    return out
+
+
+# ----------------------------------------------------------------------------- memory contracts
+@dataclass
+class NewTensor:
+    """The largest tensor a call created: its storage in elements, the op and the shape."""
+    elements: int = 0
+    op: str = ""
+    shape: tuple[int, ...] = ()
+
+
+class _Largest(TorchDispatchMode):
+    def __init__(self, given: set[int], found: NewTensor):
+        super().__init__()
+        self.given, self.found = given, found
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.is_meta:
+                continue
+            st = t.untyped_storage()
+            if st.data_ptr() in self.given or not st.nbytes():
+                continue
+            n = st.nbytes() // t.element_size()
+            if n > self.found.elements:
+                self.found.elements, self.found.op, self.found.shape = n, str(func), tuple(t.shape)
+        return out
+
+
+def largest_new_tensor(call: Callable[[], object], *given: torch.Tensor) -> tuple[object, NewTensor]:
+    """Run ``call()`` and return (its result, the largest tensor it created). Tensors sharing
+    storage with ``given`` (the inputs, views of them) are not new; views of a new tensor count
+    as that tensor (its whole storage). Seen through the dispatcher, so on any device."""
+    found = NewTensor()
+    ids = {t.untyped_storage().data_ptr() for t in given if isinstance(t, torch.Tensor)}
+    with _Largest(ids, found):
+        out = call()
+    return out, found
+
+
+def attention_tile_bound(q: torch.Tensor, k: torch.Tensor, block_m: int, block_n: int) -> int:
+    """Elements stage 7a may hold in one tensor: one [..., block_m, block_n] tile of scores, or
+    an input/output-sized tensor ([..., N, d] for O, dQ, dK, dV), whichever is larger."""
+    lead = q[..., 0, 0].numel()
+    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    return lead * max(min(block_m, nq) * min(block_n, nk), nq * d, nk * d)
+
+
+def tile_message(what: str, found: NewTensor, bound: int, nq: int, nk: int) -> str:
+    return (f"{what}: created a tensor of {found.elements} elements (shape {list(found.shape)}, by {found.op}); "
+            f"one [block_m, block_n] tile of scores or an [N, d] tensor per head allows {bound}. "
+            f"The score matrix is {nq}x{nk} per head: build it one tile at a time, never whole")
