@@ -615,9 +615,10 @@ def _grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages, run_
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.impl import ENV_VAR as impl_env_var
     ap = argparse.ArgumentParser(prog="python -m common.grade", description=__doc__.split("\n\n")[0],
                                  epilog=SCORING, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impl", default=os.environ.get("COURSE_IMPL", "assignments"),
+    ap.add_argument("--impl", default=os.environ.get(impl_env_var, "assignments"),
                     help="assignments (default), solutions, or a folder laid out like assignments/")
     ap.add_argument("--stages", help="comma-separated stage keys, e.g. a01,a05 (default: all)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per stage (tests, then trials+timing)")

@@ -2,12 +2,20 @@
 
 An *impl* is a folder with the layout of ``assignments/`` (``a01_.../``,
 ``a02_.../``, ...): ``assignments`` (the default), ``solutions``, or a path to a
-student's submission. Choose it with ``pytest --impl X``, ``make grade IMPL=X``
-or the ``COURSE_IMPL`` environment variable.
+student's submission. Choose it with ``pytest --impl X``, ``make grade IMPL=X``,
+a bench's ``--impl X`` or the ``COURSE_IMPL`` environment variable (``ENV_VAR``).
 
-    from common.impl import load
-    gelu = load("a05_triton_gelu.gelu_triton")          # module of the current impl
-    gelu = load("a05_triton_gelu.gelu_triton", "solutions")
+One object carries it everywhere: ``Impl`` (its folder, import name, torch-operator
+namespace and ``load``). Tests get it as the ``impl`` fixture, the grader and the benches
+from their ``--impl``.
+
+    from common.impl import Impl
+    impl = Impl.get("solutions")                        # None: COURSE_IMPL, else assignments
+    gelu = impl.load("a05_triton_gelu.gelu_triton")     # solutions.a05_triton_gelu.gelu_triton
+    impl.path("a05_triton_gelu")                        # its folder
+
+``load(module, impl=None)``, ``resolve(impl=None)`` and ``stage_dir`` are the same as
+functions.
 """
 from __future__ import annotations
 
@@ -17,16 +25,21 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_VAR = "COURSE_IMPL"
 NAMED = ("assignments", "solutions")
+_SUBMISSION_PREFIX = "course_impl_"
 
 
-def resolve(impl: str | os.PathLike | None = None) -> Path:
-    """Folder of an impl given as 'assignments', 'solutions' or a path."""
+def resolve(impl: str | os.PathLike | Impl | None = None) -> Path:
+    """Folder of an impl given as 'assignments', 'solutions' or a path (None: ``COURSE_IMPL``,
+    else 'assignments')."""
+    if isinstance(impl, Impl):
+        return impl.root
     impl = impl if impl is not None else os.environ.get(ENV_VAR, "assignments")
     p = REPO / str(impl) if str(impl) in NAMED else Path(impl).expanduser().resolve()
     if not p.is_dir():
@@ -37,10 +50,64 @@ def resolve(impl: str | os.PathLike | None = None) -> Path:
 
 
 def package_name(root: Path) -> str:
-    """Import name of an impl: 'assignments'/'solutions', or a unique name for a path."""
+    """Import name of an impl: 'assignments'/'solutions', or ``course_impl_<hash>`` for a path."""
     if root.parent == REPO and root.name in NAMED:
         return root.name
-    return "course_impl_" + hashlib.sha1(str(root).encode()).hexdigest()[:10]
+    return _SUBMISSION_PREFIX + hashlib.sha1(str(root).encode()).hexdigest()[:10]
+
+
+def op_namespace(module_name: str) -> str:
+    """Torch-operator namespace for the impl a module belongs to.
+
+    ``op_namespace(__name__)`` in ``solutions.a05_triton_gelu.gelu_triton`` gives
+    ``course_solutions``; in ``assignments...`` ``course_assignments``; in a
+    submission (imported as ``course_impl_<hash>``) ``course_impl_<hash>``. Each impl
+    registers its ops under its own namespace, so assignments and solutions can be
+    imported in one process.
+    """
+    package = module_name.split(".")[0]
+    return package if package.startswith(_SUBMISSION_PREFIX) else "course_" + package
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation tree: ``root`` (its folder), ``package`` (the name it is imported
+    under), ``namespace`` (its torch operators') and ``load``."""
+
+    root: Path
+
+    @classmethod
+    def get(cls, impl: str | os.PathLike | Impl | None = None) -> Impl:
+        """The impl named 'assignments' / 'solutions' or at a path; None: ``COURSE_IMPL``,
+        else 'assignments'."""
+        return impl if isinstance(impl, Impl) else cls(resolve(impl))
+
+    @property
+    def package(self) -> str:
+        return package_name(self.root)
+
+    @property
+    def namespace(self) -> str:
+        return op_namespace(self.package)
+
+    @property
+    def name(self) -> str:
+        """'assignments' / 'solutions', or the submission's path."""
+        return self.package if self.package in NAMED else str(self.root)
+
+    def load(self, module: str) -> ModuleType:
+        """Import ``<impl>.<module>``, e.g. ``impl.load("a03_fused_linear.fused_linear")``."""
+        return importlib.import_module(f"{_register(self.root)}.{module}")
+
+    def path(self, stage: str = "") -> Path:
+        """Folder of one stage inside the impl (``impl.path("a01_roundtrip_linear")``)."""
+        return self.root / stage if stage else self.root
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"Impl({self.name})"
 
 
 def _register(root: Path) -> str:
@@ -59,23 +126,19 @@ def _register(root: Path) -> str:
     return name
 
 
-def load(module: str, impl: str | os.PathLike | None = None) -> ModuleType:
+def load(module: str, impl: str | os.PathLike | Impl | None = None) -> ModuleType:
     """Import ``<impl>.<module>``, e.g. ``load("a03_fused_linear.fused_linear")``."""
-    root = resolve(impl)
-    return importlib.import_module(f"{_register(root)}.{module}")
+    return Impl.get(impl).load(module)
 
 
-def stage_dir(stage: str, impl: str | os.PathLike | None = None) -> Path:
+def stage_dir(stage: str, impl: str | os.PathLike | Impl | None = None) -> Path:
     """Folder of one stage inside an impl, e.g. ``stage_dir("a01_roundtrip_linear")``."""
-    return resolve(impl) / stage
+    return Impl.get(impl).path(stage)
 
 
-def op_namespace(module_name: str) -> str:
-    """Torch-operator namespace for the impl a module belongs to.
-
-    ``op_namespace(__name__)`` in ``solutions.a05_triton_gelu.gelu_triton`` gives
-    ``course_solutions``; in ``assignments...`` ``course_assignments``; in a
-    submission ``course_impl_<hash>``. Each impl registers its ops under its own
-    namespace, so assignments and solutions can be imported in one process.
-    """
-    return "course_" + module_name.split(".")[0]
+def add_impl_argument(parser, default: str | None = None) -> None:
+    """``--impl`` for a command-line tool (bench, grader, ncu): 'assignments', 'solutions' or a
+    path; the default is ``default``, else ``COURSE_IMPL``, else 'assignments'."""
+    parser.add_argument("--impl", default=default or os.environ.get(ENV_VAR, "assignments"),
+                        help="what to run: assignments (your work), solutions (the reference), or a path "
+                             "laid out like assignments/ (default: %(default)s)")

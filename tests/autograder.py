@@ -6,8 +6,9 @@
     COURSE_IMPL=solutions pytest
     pytest --impl solutions --mutants   # also the slow course self-checks (make test, CI)
 
-Tests that take the ``impl`` fixture are *graded* (marked automatically); the
-rest check the course itself. Tests marked ``gpu`` need a CUDA GPU and skip
+Tests that take the ``impl`` fixture are *graded* (marked automatically), except
+those marked ``given``: they check given code (an input check, a binding) through the
+impl and pass on the untouched stubs. The rest check the course itself. Tests marked ``gpu`` need a CUDA GPU and skip
 elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU). Tests marked
 ``mutants`` are the slow course self-checks (every buggy variant in tests/mutants/ is caught by
 the graded tests and, where it says so, by the grader alone; the untouched stubs fail every
@@ -24,7 +25,7 @@ import pytest
 
 from common import HAS_CUDA
 from common.cuda_ext import nvcc_path
-from common.impl import ENV_VAR, load, resolve
+from common.impl import ENV_VAR, Impl
 
 
 
@@ -42,12 +43,14 @@ def pytest_configure(config):
         os.environ[ENV_VAR] = str(impl)
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "nvcc: needs the CUDA compiler (nvcc), not a GPU")
-    config.addinivalue_line("markers", "graded: grades the selected impl (added to every test using the impl fixture)")
+    config.addinivalue_line("markers", "graded: grades the selected impl (added to every test using the impl fixture "
+                                       "and not marked given)")
+    config.addinivalue_line("markers", "given: checks given code through the impl fixture; not graded")
     config.addinivalue_line("markers", "mutants: slow course self-check; runs only with --mutants (make test, CI)")
 
 
 def pytest_report_header(config):
-    return (f"impl: {resolve()}  |  GPU: {'yes' if HAS_CUDA else 'no (GPU tests skip; Triton runs interpreted)'}"
+    return (f"impl: {Impl.get().root}  |  GPU: {'yes' if HAS_CUDA else 'no (GPU tests skip; Triton runs interpreted)'}"
             f"  |  nvcc: {nvcc_path() or 'not found'}")
 
 
@@ -59,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "mutants" in item.keywords and not mutants:
             item.add_marker(no_mutants)
-        if "impl" in getattr(item, "fixturenames", ()):
+        if "impl" in getattr(item, "fixturenames", ()) and "given" not in item.keywords:
             item.add_marker(pytest.mark.graded)
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(no_gpu)
@@ -75,25 +78,11 @@ def pytest_runtest_logstart(nodeid, location):
         Path(path).write_text(nodeid)
 
 
-class Impl:
-    """The implementation under test; ``impl.load("a03_fused_linear.fused_linear")``."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def load(self, module: str):
-        return load(module, self.root)
-
-    def path(self, stage: str) -> Path:
-        return self.root / stage
-
-    def __repr__(self) -> str:
-        return f"Impl({self.root})"
-
-
 @pytest.fixture(scope="session")
 def impl() -> Impl:
-    return Impl(resolve())
+    """The implementation under test (``common.impl.Impl``): ``impl.load("a03_fused_linear.fused_linear")``,
+    ``impl.path("a01_roundtrip_linear")``."""
+    return Impl.get()
 
 
 @pytest.fixture

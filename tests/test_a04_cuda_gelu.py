@@ -18,7 +18,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from common import HAS_CUDA
 from common import reference as ref
 from common.cuda_ext import compile_check
-from common.impl import load, stage_dir
+from common.impl import stage_dir
 from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import fake_cuda, profile, trace_ops
 from common.testing import (REL_TOL, assert_close, max_abs_error, non_contiguous, randn, randomize_, rel_error,
@@ -162,9 +162,10 @@ def test_patch_model_rejects_model_without_mlp(mod):
         mod.patch_model(torch.nn.Linear(4, 4))
 
 
-def test_wrapper_rejects_bad_input():
+@pytest.mark.given
+def test_wrapper_rejects_bad_input(impl):
     """Given code: fused_gelu checks its input before building anything."""
-    m = load(MOD)
+    m = impl.load(MOD)
     with pytest.raises(ValueError, match="cuda"):
         m.fused_gelu(torch.randn(4))                      # a CPU tensor
     with pytest.raises(TypeError, match="Tensor"):
@@ -296,9 +297,10 @@ def test_torch_compile_gpu(mod, dtype):
 
 
 @pytest.mark.gpu
-def test_op_rejects_bad_input():
+@pytest.mark.given
+def test_op_rejects_bad_input(impl):
     """Given code: the C++ binding checks dtype itself (direct torch.ops calls skip the wrapper)."""
-    m = load(MOD)
+    m = impl.load(MOD)
     m.build()
     with pytest.raises(RuntimeError, match="dtype"):
         m.op()(torch.randn(8, device="cuda", dtype=torch.float64))

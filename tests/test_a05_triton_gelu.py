@@ -11,7 +11,6 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
-from common.impl import load
 from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import profile, trace_ops
 from common.testing import assert_close, non_contiguous, randn, randomize_, tiny_gpt2_config
@@ -129,9 +128,10 @@ def test_gpt2_mlp_with_triton_gelu(mod):
     assert_close(out, expected, dtype=torch.float32, rel_tol=1e-4, name="logits")
 
 
-def test_rejects_bad_input():
+@pytest.mark.given
+def test_rejects_bad_input(impl):
     """Given code: gelu() checks its input with a clear message."""
-    m = load(MOD)
+    m = impl.load(MOD)
     with pytest.raises(TypeError, match="dtype"):
         m.gelu(torch.ones(4, dtype=torch.float64, device=DEVICE))
     with pytest.raises(TypeError, match="dtype"):

@@ -15,7 +15,6 @@ import torch
 
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
-from common.impl import load
 from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, assert_is_kernel, attention_tile_bound,
                                  largest_new_tensor, tile_message)
 from common.testing import assert_close, non_contiguous, randn, rel_error
@@ -306,9 +305,10 @@ def test_triton_memory_is_linear(tri):
 
 
 # ------------------------------------------------------------------------ bad input (given code)
+@pytest.mark.given
 @pytest.mark.parametrize("module", [TORCH_MOD, TRITON_MOD])
-def test_bad_input(module):
-    mod = load(module, "solutions")
+def test_bad_input(impl, module):
+    mod = impl.load(module)
     apply = (mod.FlashAttentionTorch if module == TORCH_MOD else mod.FlashAttentionTriton).apply
     dev = "cpu" if module == TORCH_MOD else DEVICE
     q, k, v = qkv((2,), 16, 16, 32, torch.float16, device=dev, grad=False)
