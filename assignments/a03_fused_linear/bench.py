@@ -6,9 +6,9 @@ in the cuBLAS epilogue and with the Triton bias kernel (stage 3), addmm on a
 contiguous [in, out] copy of W^T (the operand-layout lesson), and F.linear, and
 profiles each for host transfers and kernels per call.
 
-    python -m solutions.a03_fused_linear.bench                  # the reference solutions
+    python -m assignments.a03_fused_linear.bench                  # the reference solutions
     python -m assignments.a03_fused_linear.bench                # your work
-    python -m solutions.a03_fused_linear.bench --out lectures/results   # also write .md/.csv
+    python -m assignments.a03_fused_linear.bench --out lectures/results   # also write .md/.csv
 
 Times are medians of CUDA-event timings with L2 flushed (common.timing.bench); the
 fast layers are timed in 5 interleaved rounds (order rotated) and the median round kept,
@@ -128,7 +128,7 @@ def main() -> None:
         gpu = torch.cuda.get_device_name()
         (args.out / "a01_a03_linear.md").write_text(
             f"# Linear track (stages 1-3) on {gpu}\n\n"
-            f"torch {torch.__version__}. Command: `python -m solutions.a03_fused_linear.bench --out lectures/results`\n\n"
+            f"torch {torch.__version__}. Command: `python -m assignments.a03_fused_linear.bench --out lectures/results`\n\n"
             + table + "\n")
 
 

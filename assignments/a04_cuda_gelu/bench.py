@@ -1,8 +1,8 @@
 """Benchmark stages 4 and 5: GELU as plain torch ops, F.gelu, torch.compile, CUDA op, Triton op.
 
-    python -m solutions.a04_cuda_gelu.bench                  # all sizes, fp32 + bf16
-    python -m solutions.a04_cuda_gelu.bench --quick          # 2^20, 2^24, 2^26 only
-    python -m solutions.a04_cuda_gelu.bench --out DIR        # where the table/CSV/PNG go
+    python -m assignments.a04_cuda_gelu.bench                  # all sizes, fp32 + bf16
+    python -m assignments.a04_cuda_gelu.bench --quick          # 2^20, 2^24, 2^26 only
+    python -m assignments.a04_cuda_gelu.bench --out DIR        # where the table/CSV/PNG go
     python -m assignments.a04_cuda_gelu.bench                # your work (same options)
 
 Benchmarks this tree's ops (``assignments`` or ``solutions``, whichever package this

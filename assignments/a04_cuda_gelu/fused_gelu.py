@@ -52,6 +52,7 @@ def gelu_fake(x: torch.Tensor) -> torch.Tensor:
     contiguously (the CUDA op returns a contiguous tensor even for a strided x).
     It must not read x's data (a fake tensor has none) and must not call the op.
     """
+    # TODO(a04): a new, empty tensor with x's shape, dtype and device (contiguous).
     raise NotImplementedError("a04: write gelu_fake (the op's fake implementation)")
 
 
@@ -116,4 +117,5 @@ def patch_model(model: nn.Module, *, fast_math: bool = False) -> nn.Module:
     nothing else changes (weights, other modules). Returns ``model``. Raises ValueError,
     naming the model's type, if ``model`` has no ``GPT2MLP``.
     """
+    # TODO(a04): set .act of every GPT2MLP in model to FusedGELU(fast_math); ValueError if there is none.
     raise NotImplementedError("a04: write patch_model")

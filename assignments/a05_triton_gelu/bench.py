@@ -1,9 +1,9 @@
 """Benchmark stage 5 (with stage 4): one run times both ops against PyTorch.
 
-    python -m solutions.a05_triton_gelu.bench [--quick] [--out DIR]
+    python -m assignments.a05_triton_gelu.bench [--quick] [--out DIR]
     python -m assignments.a05_triton_gelu.bench [--quick] [--out DIR]   # your work
 
-Same as ``python -m solutions.a04_cuda_gelu.bench``: see that file. Writes
+Same as ``python -m assignments.a04_cuda_gelu.bench``: see that file. Writes
 lectures/results/a04_a05_gelu.{md,csv,png}.
 """
 import sys

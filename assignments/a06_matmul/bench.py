@@ -1,7 +1,7 @@
 """Benchmark assignment 6 against cuBLAS (torch.matmul) in the same run.
 
-    python -m solutions.a06_matmul.bench            # full run on a GPU (~4 minutes)
-    python -m solutions.a06_matmul.bench --quick    # fewer sizes
+    python -m assignments.a06_matmul.bench            # full run on a GPU (~4 minutes)
+    python -m assignments.a06_matmul.bench --quick    # fewer sizes
     python -m assignments.a06_matmul.bench --out /tmp/mine
 
 Writes ``a06_matmul.md`` (tables, floors, the command), ``a06_matmul.csv`` and two plots
@@ -30,7 +30,7 @@ import torch
 from common import is_hopper
 from common.impl import REPO
 
-PKG = (__spec__.name if __spec__ else __name__).rsplit(".", 1)[0]  # e.g. "solutions.a06_matmul"
+PKG = (__spec__.name if __spec__ else __name__).rsplit(".", 1)[0]  # e.g. "assignments.a06_matmul"
 IMPL = PKG.split(".")[0]
 SQUARE = [512, 1024, 2048, 3072, 4096, 6144, 8192]
 SQUARE_QUICK = [512, 1024, 2048, 4096]

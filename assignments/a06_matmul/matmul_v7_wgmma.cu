@@ -206,7 +206,6 @@ matmul_v7_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant
     //  * epilogue: thread t (warp w = t/32, lane l = t%32) holds acc[i] at row
     //    16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2 of its 64x256 block;
     //    store pairs with store2() where row < M and column < N (N % 8 == 0 here).
-    // END TODO(a06 v7)
 #else
     __trap();  // built without sm_90a: launch_wgmma refuses before we get here
 #endif

@@ -1,9 +1,9 @@
 """Stage 7 benchmark: flash attention (Triton, tiled PyTorch) vs naive attention and SDPA.
 
-    python -m solutions.a07_flash_attention.bench            # full table + plots (H100, ~5 min)
-    python -m solutions.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
-    python -m solutions.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
-    python -m solutions.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (flash_triton.TUNE)
+    python -m assignments.a07_flash_attention.bench            # full table + plots (H100, ~5 min)
+    python -m assignments.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
+    python -m assignments.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
+    python -m assignments.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (flash_triton.TUNE)
     python -m assignments.a07_flash_attention.bench          # your work (same options)
 
 bf16, B·H·S = 2^19 tokens (B·H = 128 at S = 4096, 32 at S = 16384; H = 16),

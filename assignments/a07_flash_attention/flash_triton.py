@@ -21,7 +21,7 @@ extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministi
 writes. See the handout (README.md) for the arithmetic.
 
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
-    python -m assignments.a07_flash_attention.bench               # H100: TFLOP/s vs SDPA (solutions.: the reference)
+    python -m assignments.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100
 (`bench.py --sweep`); `TUNE = True` autotunes instead; the interpreter uses small tiles.

@@ -1,7 +1,7 @@
 """Stage 8 benchmark: GPT-2 generation on the course's kernels against transformers.
 
-    python -m solutions.a08_gpt2_inference.bench                 # GPT-2 small and medium (H100: ~15 min)
-    python -m solutions.a08_gpt2_inference.bench --models small --batches 1 8 --quick
+    python -m assignments.a08_gpt2_inference.bench                 # GPT-2 small and medium (H100: ~15 min)
+    python -m assignments.a08_gpt2_inference.bench --models small --batches 1 8 --quick
     python -m assignments.a08_gpt2_inference.bench               # your engine
 
 Three ways to run the same random-weight GPT-2 (bf16, greedy, no end-of-text stop):

@@ -76,6 +76,10 @@ class HostTransferCounter(TorchDispatchMode):
         return self.htod + self.dtoh
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # TODO(a01): run func(*args, **kwargs), look at the devices of the source and
+        # destination of _to_copy / copy_, update self.htod / self.dtoh, return the result.
+        # STUB: raise NotImplementedError("a01: implement HostTransferCounter.__torch_dispatch__")
+        # SOLUTION
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func is torch.ops.aten._to_copy.default:
@@ -90,6 +94,7 @@ class HostTransferCounter(TorchDispatchMode):
             elif dst.device.type == "cpu":
                 self.dtoh += 1
         return out
+        # END TODO(a01)
 
 
 @dataclass
@@ -117,6 +122,9 @@ def transfer_report(fn: Callable[[], object], calls: int = 10, warmup: int = 3) 
     CUDA event is kernel time. Use each event's ``time_range.elapsed_us()``.
     Return per-call averages. Raise RuntimeError if no CUDA GPU is present.
     """
+    # TODO(a01): warm up, profile `calls` calls, sort the CUDA events into memcpys and kernels.
+    # STUB: raise NotImplementedError("a01: implement transfer_report")
+    # SOLUTION
     if not torch.cuda.is_available():
         raise RuntimeError("transfer_report needs a CUDA GPU (use HostTransferCounter on fake tensors otherwise)")
     from torch.profiler import ProfilerActivity, profile
@@ -143,3 +151,4 @@ def transfer_report(fn: Callable[[], object], calls: int = 10, warmup: int = 3) 
         else:
             kernel_us += us
     return TransferReport(htod / calls, dtoh / calls, memcpy_us / calls, kernel_us / calls)
+    # END TODO(a01)

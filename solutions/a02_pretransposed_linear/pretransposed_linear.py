@@ -36,16 +36,23 @@ class PretransposedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
+        # TODO(a02): store self.weight_t ([in, out], contiguous, made once) and self.bias_host.
+        # STUB: raise NotImplementedError("a02: implement PretransposedLinear.__init__")
+        # SOLUTION
         if weight.dim() != 2:
             raise ValueError(f"weight: expected [out_features, in_features], got shape {tuple(weight.shape)}")
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)
         self.bias_host = None if bias is None else bias.detach().to("cpu").clone()
+        # END TODO(a02)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PretransposedLinear:
         return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO(a02): check x's last dim, multiply by self.weight_t, add the bias on the host.
+        # STUB: raise NotImplementedError("a02: implement PretransposedLinear.forward")
+        # SOLUTION
         in_features = self.weight_t.shape[0]
         if x.shape[-1] != in_features:
             raise ValueError(f"x: expected last dim {in_features} (in_features), got shape {tuple(x.shape)}")
@@ -53,3 +60,4 @@ class PretransposedLinear(nn.Module):
         if self.bias_host is None:
             return y
         return (y.to("cpu") + self.bias_host).to(x.device)
+        # END TODO(a02)

@@ -52,7 +52,11 @@ def gelu_fake(x: torch.Tensor) -> torch.Tensor:
     contiguously (the CUDA op returns a contiguous tensor even for a strided x).
     It must not read x's data (a fake tensor has none) and must not call the op.
     """
+    # TODO(a04): a new, empty tensor with x's shape, dtype and device (contiguous).
+    # STUB: raise NotImplementedError("a04: write gelu_fake (the op's fake implementation)")
+    # SOLUTION
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # END TODO(a04)
 
 
 for _name in OP_NAMES.values():
@@ -116,6 +120,9 @@ def patch_model(model: nn.Module, *, fast_math: bool = False) -> nn.Module:
     nothing else changes (weights, other modules). Returns ``model``. Raises ValueError,
     naming the model's type, if ``model`` has no ``GPT2MLP``.
     """
+    # TODO(a04): set .act of every GPT2MLP in model to FusedGELU(fast_math); ValueError if there is none.
+    # STUB: raise NotImplementedError("a04: write patch_model")
+    # SOLUTION
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
     mlps = [m for m in model.modules() if isinstance(m, GPT2MLP)]
     if not mlps:
@@ -124,3 +131,4 @@ def patch_model(model: nn.Module, *, fast_math: bool = False) -> nn.Module:
     for mlp in mlps:
         mlp.act = FusedGELU(fast_math)
     return model
+    # END TODO(a04)

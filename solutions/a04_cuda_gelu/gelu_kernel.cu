@@ -47,10 +47,15 @@ template <typename T> struct alignas(16) Pack {
 // gelu_new in fp32. tanhf is the accurate libdevice tanh (about 2 ulp); with
 // --use_fast_math nvcc replaces it by tanh.approx.f32 (one instruction, ~2^-11 relative).
 __device__ __forceinline__ float gelu_tanh(float x) {
+  // TODO(a04, 1/2): return 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))) in fp32.
+  // Use tanhf, so that the --use_fast_math build can swap it for tanh.approx.f32.
+  // STUB: return __int_as_float(0x7fc00000);  // NaN until you write it
+  // SOLUTION
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   constexpr float kCoef = 0.044715f;
   const float inner = kSqrt2OverPi * fmaf(kCoef * x, x * x, x);  // sqrt(2/pi)*(x + 0.044715 x^3)
   return 0.5f * x * (1.0f + tanhf(inner));
+  // END TODO(a04, 1/2)
 }
 
 // ---- the vectorised kernel ---------------------------------------------------------
@@ -61,6 +66,15 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads) gelu_vec_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                             int64_t n) {
+  // TODO(a04, 2/2): the kernel body.
+  //  1. npack = n / Pack<T>::N full 16-byte packs; view x and y as `const Pack<T>*` / `Pack<T>*`.
+  //  2. This thread's packs: base + k*kThreads for k < kUnroll, with
+  //     base = blockIdx.x * (kThreads*kUnroll) + threadIdx.x (use int64_t).
+  //  3. Load all kUnroll packs (those < npack) into registers first, then for each:
+  //     convert every element with to_f32, apply gelu_tanh, convert back with
+  //     from_f32<T>, and store the whole pack at once.
+  //  4. Tail: block 0's first (n - npack*Pack<T>::N) threads do one element each.
+  // SOLUTION
   using P = Pack<T>;
   const int64_t npack = n / P::N;
   const P* __restrict__ xp = reinterpret_cast<const P*>(x);
@@ -89,6 +103,7 @@ __global__ void __launch_bounds__(kThreads) gelu_vec_kernel(const T* __restrict_
     const int64_t i = npack * P::N + threadIdx.x;
     y[i] = from_f32<T>(gelu_tanh(to_f32<T>(x[i])));
   }
+  // END TODO(a04, 2/2)
 }
 
 // Fallback for pointers that are not 16-byte aligned: one element per thread, grid-stride.

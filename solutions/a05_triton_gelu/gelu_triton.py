@@ -17,7 +17,7 @@ x / inf = -0, the right limit; there is no cancellation in 1 + tanh(u).
 
 Registered with ``torch.library.custom_op`` plus a fake implementation, so the op is
 one opaque node for ``torch.compile`` (no graph break). Run:
-``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m solutions.a04_cuda_gelu.bench``.
+``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m solutions.a05_triton_gelu.bench``.
 """
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
     x_ptr, y_ptr: contiguous, same dtype (fp32/fp16/bf16); compute in fp32.
     """
+    # TODO(a05): offsets of this program's block (program id as int64, so offsets past
+    # 2^31 elements stay right), a mask for the last block, load, compute gelu_new in fp32
+    # (hint: 0.5*(1 + tanh(u)) = 1/(1 + exp(-2u))), store in y's dtype.
+    # STUB: pass
+    # SOLUTION
     pid = tl.program_id(0).to(tl.int64)  # int64: offsets past 2^31 elements stay right
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -54,6 +59,7 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
     y = x / (1.0 + tl.exp(-2.0 * u))
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    # END TODO(a05)
 
 
 # ------------------------------------------------------------------------------ given code

@@ -1,6 +1,6 @@
 // Assignment 6: tiled matrix multiplication, C[M,N] = A[M,K] @ B[K,N], all row-major.
 //
-// Six kernels in this file, each a step up from the one before. Versions 1-4
+// Six kernels in this file, each a step up from the one before (you write the TODO bodies). Versions 1-4
 // are fp32 on the CUDA cores (FFMA); versions 5 and 6 are fp16/bf16 on the tensor cores
 // with fp32 accumulation (one kernel template, two tile shapes). Version 7, Hopper's
 // TMA + wgmma, is in matmul_v7_wgmma.cu. Versions 1-6 handle any M, N,
@@ -35,6 +35,10 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 // =====================================================================================
 __global__ void matmul_v1_naive(const float* __restrict__ A, const float* __restrict__ B,
                                 float* __restrict__ C, int M, int N, int K) {
+    // TODO(a06 v1): row = blockIdx.x * blockDim.x + threadIdx.x (x walks down a column of C),
+    // col = blockIdx.y * blockDim.y + threadIdx.y. If (row, col) is inside C, accumulate
+    // A[row, k] * B[k, col] over k in a float and store C[row, col]. Index with size_t.
+    // SOLUTION
     const int row = blockIdx.x * blockDim.x + threadIdx.x;
     const int col = blockIdx.y * blockDim.y + threadIdx.y;
     if (row < M && col < N) {
@@ -42,6 +46,7 @@ __global__ void matmul_v1_naive(const float* __restrict__ A, const float* __rest
         for (int k = 0; k < K; ++k) acc += A[(size_t)row * K + k] * B[(size_t)k * N + col];
         C[(size_t)row * N + col] = acc;
     }
+    // END TODO(a06 v1)
 }
 
 // =====================================================================================
@@ -54,6 +59,10 @@ __global__ void matmul_v1_naive(const float* __restrict__ A, const float* __rest
 // =====================================================================================
 __global__ void matmul_v2_coalesced(const float* __restrict__ A, const float* __restrict__ B,
                                     float* __restrict__ C, int M, int N, int K) {
+    // TODO(a06 v2): as v1, but col = blockIdx.x * blockDim.x + threadIdx.x and
+    // row = blockIdx.y * blockDim.y + threadIdx.y, so a warp's 32 threads touch 32
+    // consecutive columns (see launch_matmul for the grid).
+    // SOLUTION
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     const int row = blockIdx.y * blockDim.y + threadIdx.y;
     if (row < M && col < N) {
@@ -61,6 +70,7 @@ __global__ void matmul_v2_coalesced(const float* __restrict__ A, const float* __
         for (int k = 0; k < K; ++k) acc += A[(size_t)row * K + k] * B[(size_t)k * N + col];
         C[(size_t)row * N + col] = acc;
     }
+    // END TODO(a06 v2)
 }
 
 // =====================================================================================
@@ -75,6 +85,11 @@ constexpr int V3_TILE = 32;
 
 __global__ void matmul_v3_smem(const float* __restrict__ A, const float* __restrict__ B,
                                float* __restrict__ C, int M, int N, int K) {
+    // TODO(a06 v3): __shared__ float As[V3_TILE][V3_TILE], Bs[V3_TILE][V3_TILE]; thread
+    // (tx, ty) owns C[blockIdx.y*32 + ty, blockIdx.x*32 + tx]. For k0 = 0, 32, ...: load one
+    // element of A's tile and one of B's (zero outside the matrices), __syncthreads(),
+    // accumulate 32 products from shared memory, __syncthreads(). Store if inside C.
+    // SOLUTION
     __shared__ float As[V3_TILE][V3_TILE];
     __shared__ float Bs[V3_TILE][V3_TILE];
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -91,6 +106,7 @@ __global__ void matmul_v3_smem(const float* __restrict__ A, const float* __restr
         __syncthreads();  // before the next iteration overwrites the tiles
     }
     if (row < M && col < N) C[(size_t)row * N + col] = acc;
+    // END TODO(a06 v3)
 }
 
 // =====================================================================================
@@ -113,6 +129,17 @@ template <bool VEC>  // VEC: N % 4 == 0, K % 4 == 0 and 16-byte aligned pointers
 __global__ void __launch_bounds__(V4_THREADS, 2)  // <= 128 registers: two blocks per SM
 matmul_v4_regblock(const float* __restrict__ A, const float* __restrict__ B,
                    float* __restrict__ C, int M, int N, int K) {
+    // TODO(a06 v4): see the header comment above and the handout. Outline:
+    //  * __shared__ __align__(16) float As[2][V4_BK][V4_BM + 4] (A transposed, padded),
+    //    Bs[2][V4_BK][V4_BN]; thread tid: tx = tid % 16, ty = tid / 16, 8x8 accumulators.
+    //  * each K slice of 8: one float4 of A (row tid/2, cols (tid%2)*4..+3) and one of B
+    //    (row tid/32, cols (tid%32)*4..+3) per thread; zeros outside the matrices. When
+    //    VEC is false use scalar loads with a bound check per element.
+    //  * prefetch the next slice into registers, multiply the current one out of shared
+    //    memory (rows ty*4..+3 and 64+ty*4..+3, cols tx*4..+3 and 64+tx*4..+3, float4
+    //    reads), then store the prefetched slice into the other buffer; one __syncthreads.
+    //  * store the 8x8 block (float4 when VEC), skipping rows >= M and columns >= N.
+    // SOLUTION
     constexpr int BM = V4_BM, BN = V4_BN, BK = V4_BK;
     __shared__ __align__(16) float As[2][BK][BM + 4];  // transposed: As[k][m]
     __shared__ __align__(16) float Bs[2][BK][BN];
@@ -203,6 +230,7 @@ matmul_v4_regblock(const float* __restrict__ A, const float* __restrict__ B,
             }
         }
     }
+    // END TODO(a06 v4)
 }
 
 // =====================================================================================
@@ -295,6 +323,21 @@ constexpr int tc_smem_bytes() { return STAGES * (BM * BK + BK * BN) * 2; }
 template <typename T, int BM, int BN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(TC_THREADS)
 matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
+    // TODO(a06 v5/v6): see the header comment above and the handout. Outline:
+    //  * extern __shared__ tiles: STAGES x [BM][BK] of A, then STAGES x [BK][BN] of B,
+    //    addressed through swz<BK / 8>(row, chunk) and swz<BN / 8>(row, chunk);
+    //  * tile (pid_m, pid_n) from blockIdx.x in grouped order (TC_GROUP_M tile-rows);
+    //  * 8 warps as TC_WARPS_M x TC_WARPS_N, each owning (BM/2)x(BN/4) of C as m16n8 tiles
+    //    with float accumulators;
+    //  * pipeline: issue STAGES-1 slices with cp_async16 (pred=false zero-fills outside
+    //    the matrices; when ALIGNED is false use plain element loads instead), one
+    //    cp_async_commit per slice; per slice: cp_async_wait<STAGES-2>, __syncthreads,
+    //    issue slice kt+STAGES-1, then BK/16 k16 steps of ldmatrix_x4 (A),
+    //    ldmatrix_x4_trans (B) and Mma<T>::run (load step ks+1's fragments before
+    //    step ks's mma);
+    //  * epilogue: accumulator (mt, nt) holds rows lane/4 and lane/4+8, columns
+    //    2*(lane%4)+{0,1}; convert with Mma<T>::from / from2 and store inside C only.
+    // SOLUTION
     constexpr int WM = BM / TC_WARPS_M, WN = BN / TC_WARPS_N;  // warp tile
     constexpr int MT = WM / 16, NT = WN / 8;                    // mma tiles per warp
     constexpr int A_CH = BK / 8, B_CH = BN / 8;                 // 16-byte chunks per row
@@ -437,6 +480,7 @@ matmul_v5_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ 
             }
         }
     }
+    // END TODO(a06 v5/v6)
 }
 
 template <typename T, int BM, int BN, int BK, int STAGES, bool ALIGNED>

@@ -113,6 +113,16 @@ def matmul_kernel(
     tl.dot (set only under the CPU interpreter, whose bf16 tl.dot is wrong in Triton 3.6).
     FAST_TANH: use the hardware tanh approximation in the GELU (16-bit outputs on a GPU).
     """
+    # TODO(a06 triton): write the kernel (see the handout and the module docstring).
+    #  1. tile (pid_m, pid_n) from tl.program_id(0) in grouped order (GROUP_M tile-rows);
+    #  2. offsets offs_m, offs_n, offs_k; pointers to the first A and B slices (use the
+    #     strides: a and b may be views); fp32 accumulator; loop over cdiv(K, BLOCK_K)
+    #     slices: load (mask on K unless EVEN_K; rows past M / columns past N may be
+    #     wrapped with % M / % N instead of masked), cast to fp32 if DOT_FP32,
+    #     acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION), advance the pointers;
+    #  3. epilogue: + bias (fp32, broadcast over rows) if HAS_BIAS, _gelu_tanh if
+    #     ACTIVATION == "gelu_tanh" (pass FAST_TANH on), cast to c_ptr.dtype.element_ty, masked tl.store.
+    # SOLUTION
     # ---- 1. which tile: grouped ordering for L2 reuse
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -154,6 +164,7 @@ def matmul_kernel(
         acc = _gelu_tanh(acc, FAST_TANH)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    # END TODO(a06 triton)
 
 
 _matmul_autotuned = triton.autotune(

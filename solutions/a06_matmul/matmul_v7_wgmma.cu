@@ -1,4 +1,4 @@
-// Assignment 6, version 7: Hopper tensor cores the way cuBLAS uses them.
+// Assignment 6, version 7: Hopper tensor cores the way cuBLAS uses them (you write the TODO body).
 //   C[M,N] = A[M,K] @ B[K,N], fp16/bf16 in, fp32 accumulate, all row-major.
 //
 // Idea: v5/v6 spend most of their issue slots feeding the tensor cores: every warp copies
@@ -191,7 +191,22 @@ matmul_v7_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant
     __syncthreads();
     const int KT = (K + BK - 1) / BK;
 
-    // TODO(a06 v7): the producer and consumer loops and the epilogue -- the solution's body starts here
+    // TODO(a06 v7): the producer and consumer loops and the epilogue. Outline:
+    //  * producer (wg == 0): setmaxnreg_dec<40>(); then thread t == 0 alone, for each K
+    //    slice kt: slot s = kt % STAGES, phase = (kt / STAGES) & 1; wait empty[s] for parity
+    //    phase ^ 1 (the first round passes at once); mbar_arrive_expect_tx(full[s],
+    //    STAGE_BYTES); one TMA box of A at (x = kt*BK, y = m0) into a_tile(s) and BN/PANEL
+    //    boxes of B at (x = n0 + p*PANEL, y = kt*BK) into b_tile(s) + p*B_PANEL_BYTES.
+    //  * consumers (wg 1, 2): setmaxnreg_inc<232>(); c = wg - 1 owns rows [64c, 64c+64);
+    //    float acc[128] = 0. For each kt: wait full[s] for parity phase; wgmma_fence();
+    //    for k in 0..BK/16-1: A descriptor smem_desc(a_tile(s) + c*64*BK*2 + k*32, 16, 1024),
+    //    B descriptor smem_desc(b_tile(s) + k*16*PANEL*2, B_PANEL_BYTES, 1024),
+    //    Wgmma<T>::run(acc, da, db); then wgmma_commit(); wgmma_wait<0>(); and every
+    //    consumer thread arrives on empty[s] (its count is CONSUMERS * 128).
+    //  * epilogue: thread t (warp w = t/32, lane l = t%32) holds acc[i] at row
+    //    16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2 of its 64x256 block;
+    //    store pairs with store2() where row < M and column < N (N % 8 == 0 here).
+    // SOLUTION
     if (wg == 0) {
         // ---- producer: one thread keeps STAGES slices in flight.
         setmaxnreg_dec<40>();

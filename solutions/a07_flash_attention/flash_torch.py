@@ -53,7 +53,13 @@ def flash_forward_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
     scaled scores S = q kᵀ / sqrt(d) (masked entries excluded). Never materialises
     more than one [.., block_m, block_n] tile of S.
     """
-    # TODO(a07): 7a forward
+    # TODO(a07): 7a forward. For each query tile (block_m rows): m = -inf, l = 0, acc = 0 (fp32);
+    #   for each key tile (block_n rows; causal: stop after the diagonal, mask the tile it crosses):
+    #     s = q_tile k_tileᵀ / sqrt(d); m_new = max(m, rowmax s); p = exp(s - m_new);
+    #     alpha = exp(m - m_new); l = l·alpha + rowsum p; acc = acc·alpha + p v_tile; m = m_new.
+    #   O_tile = acc / l; L_tile = m + log l. A row that sees no key: O = 0, L = -inf (no NaN).
+    # STUB: raise NotImplementedError("a07: flash_forward_torch (stage 7a forward)")
+    # SOLUTION
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     shift = nk - nq                                   # query i sees keys j <= i + shift
@@ -97,7 +103,11 @@ def flash_backward_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     Recomputes P = exp(S - L) one tile at a time. With D = rowsum(dO ∘ O):
     dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D), dQ = dS K / sqrt(d), dK = dSᵀ Q / sqrt(d).
     """
-    # TODO(a07): 7a backward
+    # TODO(a07): 7a backward. D = rowsum(dO ∘ O). For each key tile (dK, dV accumulate here),
+    #   for each query tile that sees it: P = exp(q kᵀ/sqrt(d) - L) (0 where masked);
+    #   dV += Pᵀ dO; dP = dO vᵀ; dS = P ∘ (dP - D); dQ += dS k / sqrt(d); dK += dSᵀ q / sqrt(d).
+    # STUB: raise NotImplementedError("a07: flash_backward_torch (stage 7a backward)")
+    # SOLUTION
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     shift = nk - nq

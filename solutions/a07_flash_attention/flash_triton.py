@@ -21,7 +21,7 @@ extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministi
 writes. See the handout (README.md) for the arithmetic.
 
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
-    python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (or assignments.)
+    python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100
 (`bench.py --sweep`); `TUNE = True` autotunes instead; the interpreter uses small tiles.
@@ -51,7 +51,18 @@ def _attn_fwd(Q, K, V, O, LSE,
               H, N_Q, N_K, qk_scale,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """O[zh, tile] and LSE[zh, tile] for one query tile. qk_scale = log2(e)/sqrt(d)."""
-    # TODO(a07): kernel 1 (forward) -- the solution's body starts here
+    # TODO(a07): kernel 1 (forward). Program (pid_m, zh): query rows m0 = pid_m·BLOCK_M ..,
+    #   batch z = zh // H, head h = zh % H (offset the pointers with the strides).
+    #   1. Load the q tile (rows >= N_Q masked to 0). m_i = -inf, l_i = 0, acc = 0, all fp32.
+    #   2. Key tiles [0, n_full): no mask. [n_full, hi): the causal diagonal band (query i sees
+    #      keys j <= i + N_K - N_Q) and the ragged last tile, masked to -inf. Tiles past hi: skipped.
+    #      Per tile: s = tl.dot(q, kᵀ)·qk_scale (log2 units); m_new = max(m_i, rowmax s);
+    #      p = exp2(s - m_new); alpha = exp2(m_i - m_new); l_i = l_i·alpha + rowsum p;
+    #      acc = tl.dot(p.to(v.dtype), v, acc·alpha); m_i = m_new.
+    #      (A row with every key masked so far has m_new = -inf: subtract 0 instead, never NaN.)
+    #   3. O = acc / l_i; LSE = (m_i + log2 l_i)·ln 2 (natural log); rows with no key: O = 0, LSE = -inf.
+    # STUB: pass
+    # SOLUTION
     pid_m = tl.program_id(0)
     if CAUSAL:  # the last query tiles have the most keys: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -129,7 +140,9 @@ def _attn_fwd(Q, K, V, O, LSE,
 def _attn_bwd_delta(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, N_Q,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """DELTA[zh, m] = sum_d O[zh, m, d] * dO[zh, m, d] in fp32."""
-    # TODO(a07): kernel 2 (D = rowsum(dO * O))
+    # TODO(a07): kernel 2. Program (pid_m, zh): DELTA[zh, rows] = rowsum(O ∘ dO) in fp32.
+    # STUB: pass
+    # SOLUTION
     zh = tl.program_id(1)
     z = (zh // H).to(tl.int64)
     h = (zh % H).to(tl.int64)
@@ -149,7 +162,15 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    H, N_Q, N_K, sm_scale,
                    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """DK, DV (contiguous [Z, H, N_K, HEAD_DIM]) for one key tile; loops over query tiles."""
-    # TODO(a07): kernel 3 (dK and dV)
+    # TODO(a07): kernel 3 (dK, dV). Program (pid_n, zh) owns keys n0 = pid_n·BLOCK_N ..: load k, v once,
+    #   dk = dv = 0 (fp32). Loop over the query tiles that see these keys (shift = N_K - N_Q; causal:
+    #   start at row n0 - shift, mask the band up to row n0 + BLOCK_N - 1 - shift, then no mask).
+    #   Per query tile (load q, dO, LSE, DELTA):
+    #     pᵀ = exp2(k qᵀ·sm_scale·log2e - LSE·log2e)   (0 where masked; padding rows: LSE = +inf)
+    #     dv += pᵀ dO;  dpᵀ = v dOᵀ;  dsᵀ = pᵀ ∘ (dpᵀ - DELTA);  dk += dsᵀ q
+    #   Store dk·sm_scale and dv (DK, DV are contiguous [Z·H, N_K, HEAD_DIM]).
+    # STUB: pass
+    # SOLUTION
     pid_n = tl.program_id(0)
     zh = tl.program_id(1)
     z = (zh // H).to(tl.int64)
@@ -224,7 +245,13 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  H, N_Q, N_K, sm_scale,
                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """DQ (contiguous [Z, H, N_Q, HEAD_DIM]) for one query tile; loops over key tiles."""
-    # TODO(a07): kernel 4 (dQ)
+    # TODO(a07): kernel 4 (dQ). Program (pid_m, zh) owns query rows m0 = pid_m·BLOCK_M ..: load q, dO,
+    #   LSE, DELTA once, dq = 0 (fp32). Loop over key tiles as in kernel 1 (unmasked, then the band):
+    #     p = exp2(q kᵀ·sm_scale·log2e - LSE·log2e) (0 where masked); dp = dO vᵀ;
+    #     ds = p ∘ (dp - DELTA); dq += ds k
+    #   Store dq·sm_scale (DQ is contiguous [Z·H, N_Q, HEAD_DIM]).
+    # STUB: pass
+    # SOLUTION
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m

@@ -49,7 +49,20 @@ def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
     (normalised, fp32) and L_PART[b·h, split] (log2-sum-exp2 of the scaled scores, -inf if the
     slice is empty). NUM_SPLITS == 1: write O[b, h, :] (out dtype) directly instead.
     The last dim of every tensor is contiguous (stride 1)."""
-    # TODO(a08): kernel 2a (one split of the keys)
+    # TODO(a08): kernel 2a (one split of the keys). Program (split, bh): b = bh // H, h = bh % H.
+    #   1. length = LENS[b]; per = cdiv(cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N;
+    #      this program's keys are [split * per, min(split * per + per, length)) (maybe empty).
+    #   2. q = Q[b, h, :] in fp32, times qk_scale (scores then come out in log2 units).
+    #   3. Online softmax over the slice in chunks of BLOCK_N keys [BLOCK_N, HEAD_DIM] (mask keys
+    #      past the slice's end; masked scores are -inf): s = sum(k * q, axis=1);
+    #      m_new = max(m, max s); p = exp2(s - m_new); alpha = exp2(m - m_new);
+    #      l = l * alpha + sum p; acc = acc * alpha + sum(p[:, None] * v, axis=0); m = m_new.
+    #      (m starts at -inf and l at 0 as fp32 scalars, acc as HEAD_DIM zeros.)
+    #   4. NUM_SPLITS == 1: O[b, h, :] = acc / l (O's dtype). Otherwise write the partial results:
+    #      O_PART[bh * NUM_SPLITS + split, :] = acc / l (fp32), L_PART[...] = m + log2(l);
+    #      an empty slice writes 0 and -inf.
+    # STUB: pass
+    # SOLUTION
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -98,7 +111,12 @@ def _decode_combine(O_PART, L_PART, O, sob, soh, H,
     """Program b·h: O[b, h, :] = sum_s 2^(L_s - L) · O_PART[b·h, s, :], L = log2 sum_s 2^L_s,
     over the NUM_SPLITS partial results (SPLITS_P2: NUM_SPLITS rounded up to a power of 2).
     Empty splits have L_s = -inf and weigh nothing; split 0 is never empty."""
-    # TODO(a08): kernel 2b (combine the splits by their logsumexp)
+    # TODO(a08): kernel 2b (combine the splits). Program bh:
+    #   L_s = L_PART[bh * NUM_SPLITS + s] for s < NUM_SPLITS (tl.arange(0, SPLITS_P2), masked, -inf);
+    #   m = max_s L_s; w_s = exp2(L_s - m); O[b, h, :] = sum_s w_s * O_PART[...s, :] / sum_s w_s.
+    #   Empty splits (L_s = -inf) get weight 0: do not let their partial output (0 * NaN) leak in.
+    # STUB: pass
+    # SOLUTION
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H

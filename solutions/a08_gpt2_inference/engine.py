@@ -261,7 +261,15 @@ class GPT2Engine:
         on values (it is captured in a CUDA graph): read the lengths from the device tensor,
         never with .item() or .tolist(). Uses the same kernels as prefill, with B rows.
         """
-        # TODO(a08): the decode step
+        # TODO(a08): the decode step. Follow prefill() above, with ONE token per sequence:
+        #   lengths = self.cache.lengths[:B] (device, int32): the new token's position;
+        #   embeddings: self.wte[tokens] and self.wpe[lengths] -> add_layernorm with ln_1 of block 0;
+        #   per block: qkv = self.linear(...) [B, 3C]; write_kv(qkv.view(B, 1, 3C), ..., start=lengths);
+        #   q = qkv[:, :C].view(B, H, d); decode_attention(q, cache K, cache V, lengths + 1);
+        #   c_proj, add_layernorm(ln_2), MLP (GELU in the matmul epilogue), add_layernorm(next LN);
+        #   logits = self.lm_head(y); then advance self.cache.lengths in place (on the device).
+        # STUB: raise NotImplementedError("a08: write GPT2Engine.decode_step")
+        # SOLUTION
         b, c, h, d = self.batch, self.n_embd, self.n_head, self.head_dim
         cache = self.cache
         lengths = cache.lengths[:b]

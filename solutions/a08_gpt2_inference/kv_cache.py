@@ -37,7 +37,14 @@ def _write_kv_kernel(QKV, K_CACHE, V_CACHE, START, T, H, S_MAX, s_row, s_cb, s_c
     K_CACHE[b, h, START[b] + t, :] = k[h, :] and V_CACHE likewise for every head h
     (cache strides s_cb, s_ch, s_cn; last dim contiguous; the two caches share strides).
     Positions >= S_MAX are not written."""
-    # TODO(a08): kernel 3 (append K and V to the cache)
+    # TODO(a08): kernel 3 (append K and V to the cache). Program `row` = b * T + t:
+    #   pos = START[b] + t. For every head h < H (tl.arange(0, BLOCK_H), masked) and d < HEAD_DIM:
+    #   K_CACHE[b, h, pos, d] = QKV[row, C + h * HEAD_DIM + d] and
+    #   V_CACHE[b, h, pos, d] = QKV[row, 2 * C + h * HEAD_DIM + d], with C = H * HEAD_DIM.
+    #   Row `row` of QKV starts at QKV + row * s_row; cache element [b, h, pos, d] is at
+    #   b * s_cb + h * s_ch + pos * s_cn + d (int64). Write nothing where pos >= S_MAX.
+    # STUB: pass
+    # SOLUTION
     row = tl.program_id(0)
     b = row // T
     t = row % T

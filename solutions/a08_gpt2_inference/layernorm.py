@@ -33,7 +33,16 @@ def _add_layernorm_kernel(X, R, H, Y, W, B, stride_x, stride_r, stride_h, stride
                           HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr):
     """One row: H = X + R (if HAS_RESIDUAL), Y = LayerNorm(H) * W + B. Rows are strided
     (stride_*), columns contiguous; statistics in fp32; biased variance (divide by C)."""
-    # TODO(a08): kernel 1 (fused residual add + LayerNorm)
+    # TODO(a08): kernel 1 (fused residual add + LayerNorm). Program `row` handles one row of C
+    #   elements (cols = tl.arange(0, BLOCK_C), masked to cols < C; BLOCK_C >= C is a power of 2).
+    #   1. h = X[row] (+ R[row] if HAS_RESIDUAL) in fp32. With a residual, store h to H[row] in
+    #      H's dtype, and normalise that rounded value (what the residual stream holds).
+    #   2. mean = sum(h) / C; var = sum((h - mean)^2) / C over the C real columns only (biased,
+    #      as torch.nn.LayerNorm: divide by C, not C - 1; padding columns must add nothing).
+    #   3. Y[row] = (h - mean) / sqrt(var + eps) * W + B, cast to Y's dtype.
+    #   Row r of a tensor T starts at T + r * stride_t (use int64 offsets); columns are contiguous.
+    # STUB: pass
+    # SOLUTION
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     ok = cols < C

@@ -5,14 +5,14 @@ from . import Mutant
 
 S4, S5 = "a04_cuda_gelu", "a05_triton_gelu"
 PY4, CU4, PY5 = "fused_gelu.py", "gelu_kernel.cu", "gelu_triton.py"
-FAKE = "    return torch.empty(x.shape, dtype=x.dtype, device=x.device)\n\n\nfor _name"
+FAKE = "    return torch.empty(x.shape, dtype=x.dtype, device=x.device)\n    # END TODO(a04)\n\n\nfor _name"
 
 MUTANTS = [
     # ---- a04, the fake (meta) implementation: test_fake_impl
     Mutant(S4, PY4, "fake always float32",
            [(FAKE, FAKE.replace("dtype=x.dtype", "dtype=torch.float32"))]),
     Mutant(S4, PY4, "fake keeps the strides of x",
-           [(FAKE, "    return torch.empty_like(x)\n\n\nfor _name")]),
+           [(FAKE, "    return torch.empty_like(x)\n    # END TODO(a04)\n\n\nfor _name")]),
     Mutant(S4, PY4, "fake on the CPU",
            [(FAKE, FAKE.replace(", device=x.device", ""))]),
     # ---- a04, patch_model: test_patch_model_structure, the fake forward / compile traces

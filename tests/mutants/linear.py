@@ -11,7 +11,7 @@ MUTANTS = [
     Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "same-device copies counted",
            [("src.device.type != dst.device.type:", "True:")]),
     Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "result of the op dropped",
-           [("        return out\n\n\n@dataclass", "        return None\n\n\n@dataclass")]),
+           [("        return out\n        # END TODO(a01)\n\n\n@dataclass", "        return None\n        # END TODO(a01)\n\n\n@dataclass")]),
     Mutant("a01_roundtrip_linear", "answers.toml", "wrong answer", [("transfers_with_bias = 4", "transfers_with_bias = 5")]),
     Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "report not per call (GPU)",
            [("return TransferReport(htod / calls, dtoh / calls,", "return TransferReport(htod, dtoh,")], gpu=True),
