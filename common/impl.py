@@ -136,9 +136,28 @@ def stage_dir(stage: str, impl: str | os.PathLike | Impl | None = None) -> Path:
     return Impl.get(impl).path(stage)
 
 
-def add_impl_argument(parser, default: str | None = None) -> None:
-    """``--impl`` for a command-line tool (bench, grader, ncu): 'assignments', 'solutions' or a
-    path; the default is ``default``, else ``COURSE_IMPL``, else 'assignments'."""
-    parser.add_argument("--impl", default=default or os.environ.get(ENV_VAR, "assignments"),
+def add_impl_argument(parser, module_name: str | None = None) -> None:
+    """``--impl`` for a command-line tool: 'assignments', 'solutions' or a path. Its default is
+    the tree ``module_name`` belongs to (a bench run as ``python -m solutions.a06_matmul.bench``
+    benchmarks solutions/, as ``python -m assignments...`` your work), else ``COURSE_IMPL``,
+    else 'assignments'."""
+    tree = (module_name or "").split(".")[0]
+    default = tree if tree in NAMED else os.environ.get(ENV_VAR, "assignments")
+    parser.add_argument("--impl", default=default,
                         help="what to run: assignments (your work), solutions (the reference), or a path "
                              "laid out like assignments/ (default: %(default)s)")
+
+
+def command_line(module_name: str, argv: list[str] | None = None) -> str:
+    """``python -m <module_name> <args>``: the command a bench records beside its numbers
+    (``argv`` None: this process's arguments)."""
+    return " ".join(["python -m " + module_name, *(sys.argv[1:] if argv is None else argv)])
+
+
+def results_dir(impl: str | os.PathLike | Impl | None = None) -> Path:
+    """Where a bench writes its tables by default: ``lectures/results/`` for the solutions (the
+    committed H100 numbers), ``lectures/results/<folder name>/`` for any other impl, so that a
+    run of your work never overwrites them."""
+    impl = Impl.get(impl)
+    results = REPO / "lectures" / "results"
+    return results if impl.package == "solutions" else results / impl.root.name

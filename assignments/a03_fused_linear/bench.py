@@ -9,6 +9,7 @@ profiles each for host transfers and kernels per call.
     python -m assignments.a03_fused_linear.bench                  # the reference solutions
     python -m assignments.a03_fused_linear.bench                # your work
     python -m assignments.a03_fused_linear.bench --out lectures/results   # also write .md/.csv
+    python -m assignments.a03_fused_linear.bench --impl path/to/submission
 
 Times are medians of CUDA-event timings with L2 flushed (common.timing.bench); the
 fast layers are timed in 5 interleaved rounds (order rotated) and the median round kept,
@@ -26,19 +27,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common.impl import Impl, add_impl_argument, command_line
 from common.profiling import profile
 from common.timing import bench, bench_graph
-
-from ..a01_roundtrip_linear.roundtrip_linear import RoundTripLinear
-from ..a02_pretransposed_linear.pretransposed_linear import PretransposedLinear
-from .fused_linear import FusedLinear
 
 TOKENS = [(8, 128), (32, 1024)]
 FEATURES = [(768, 3072), (3072, 768)]
 ROUNDS = 5
 
 
-def run(dtypes=(torch.float32, torch.bfloat16)) -> list[dict]:
+def run(impl: Impl, dtypes=(torch.float32, torch.bfloat16)) -> list[dict]:
+    RoundTripLinear = impl.load("a01_roundtrip_linear.roundtrip_linear").RoundTripLinear
+    PretransposedLinear = impl.load("a02_pretransposed_linear.pretransposed_linear").PretransposedLinear
+    FusedLinear = impl.load("a03_fused_linear.fused_linear").FusedLinear
     rows = []
     for dtype in dtypes:
         for (b, t) in TOKENS:
@@ -106,17 +107,19 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_impl_argument(ap, __spec__.name if __spec__ else __name__)
     ap.add_argument("--out", type=Path, help="folder for a01_a03_linear.md and .csv")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    impl = Impl.get(args.impl)
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU; the committed H100 numbers are in "
                          "lectures/results/a01_a03_linear.md")
     dtypes = {"float32": (torch.float32,), "bfloat16": (torch.bfloat16,),
               "both": (torch.float32, torch.bfloat16)}[args.dtype]
-    rows = run(dtypes)
+    rows = run(impl, dtypes)
     table = markdown(rows)
     print(table)
     if args.out:
@@ -128,7 +131,7 @@ def main() -> None:
         gpu = torch.cuda.get_device_name()
         (args.out / "a01_a03_linear.md").write_text(
             f"# Linear track (stages 1-3) on {gpu}\n\n"
-            f"torch {torch.__version__}. Command: `python -m assignments.a03_fused_linear.bench --out lectures/results`\n\n"
+            f"torch {torch.__version__}. Command: `{command_line(__spec__.name, argv)}`\n\n"
             + table + "\n")
 
 

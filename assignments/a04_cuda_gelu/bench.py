@@ -4,9 +4,10 @@
     python -m assignments.a04_cuda_gelu.bench --quick          # 2^20, 2^24, 2^26 only
     python -m assignments.a04_cuda_gelu.bench --out DIR        # where the table/CSV/PNG go
     python -m assignments.a04_cuda_gelu.bench                # your work (same options)
+    python -m assignments.a04_cuda_gelu.bench --impl path/to/submission
 
-Benchmarks this tree's ops (``assignments`` or ``solutions``, whichever package this
-file is in) against PyTorch in the same run, on a CUDA GPU:
+Benchmarks one impl's ops (``--impl``; default: the tree this command was run from)
+against PyTorch in the same run, on a CUDA GPU:
 
 * time: ``common.timing.bench`` (CUDA events, median, L2 flushed before every run),
   on fresh random inputs (never zeros);
@@ -19,7 +20,8 @@ file is in) against PyTorch in the same run, on a CUDA GPU:
   >= 0.97x F.gelu(approximate="tanh"), fp32 and bf16.
 
 Writes ``a04_a05_gelu.md`` / ``.csv`` / ``.png`` (GB/s against size) under ``--out``
-(default ``lectures/results``). ``measure()`` is the entry point for the grader.
+(default ``common.impl.results_dir``: ``lectures/results`` for the solutions,
+``lectures/results/<impl folder>`` otherwise). ``measure()`` times one op.
 """
 from __future__ import annotations
 
@@ -36,13 +38,10 @@ import torch.nn.functional as F
 from transformers.activations import NewGELUActivation
 
 from common import reference as ref
-from common.impl import REPO
+from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.profiling import profile
 from common.testing import max_abs_error, rel_error
 from common.timing import bench
-
-from ..a05_triton_gelu.gelu_triton import gelu as triton_gelu
-from .fused_gelu import fused_gelu
 
 SIZES = [1 << k for k in range(20, 29)]
 QUICK_SIZES = [1 << 20, 1 << 24, 1 << 26]
@@ -50,7 +49,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOOR_N = 1 << 26
 FLOOR_COPY, FLOOR_VS_TORCH = 0.90, 0.97
 MODULE = __spec__.name if __spec__ is not None else __name__   # "__main__" under python -m
-TREE = MODULE.split(".")[0]
 #: "plain ops": GPT-2's GELU as the model runs it, transformers' NewGELUActivation (the
 #: ``act`` of every GPT2MLP): gelu_new as 8 torch ops, one kernel each.
 gelu_new = NewGELUActivation()
@@ -64,8 +62,14 @@ def _compiled_plain_ops() -> Callable:
     return torch.compile(gelu_new, dynamic=False)  # one static graph per size and dtype
 
 
-def impls() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+def _ops(impl: Impl) -> tuple[Callable, Callable]:
+    """The impl's CUDA op (stage 4) and Triton op (stage 5)."""
+    return impl.load("a04_cuda_gelu.fused_gelu").fused_gelu, impl.load("a05_triton_gelu.gelu_triton").gelu
+
+
+def impls(impl: Impl) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Name -> function, in table order."""
+    fused_gelu, triton_gelu = _ops(impl)
     return {
         "plain ops": gelu_new,
         "F.gelu(tanh)": lambda x: F.gelu(x, approximate="tanh"),
@@ -90,8 +94,9 @@ def measure(fn: Callable[[torch.Tensor], torch.Tensor], n: int, dtype: torch.dty
     return {"ms": ms, "GBps": nbytes / ms / 1e6, "of_copy": copy_ms / ms, "copy_ms": copy_ms}
 
 
-def numerics(n: int = 1 << 24) -> list[dict]:
+def numerics(impl: Impl, n: int = 1 << 24) -> list[dict]:
     """Error of each op against the float64 reference on N(0, 3^2) inputs."""
+    fused_gelu, triton_gelu = _ops(impl)
     rows = []
     for dname, dt in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
         x = (3 * torch.randn(n, device="cuda")).to(dt)
@@ -162,18 +167,21 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, module: str = MODULE) -> int:
+    """``module``: the command's module (a05's bench runs this one), for --impl's default and the record."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=str(REPO / "lectures" / "results"))
+    add_impl_argument(p, module)
+    p.add_argument("--out", default=None, help="default: common.impl.results_dir(impl)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench: needs a CUDA GPU (timings on the Triton interpreter mean nothing)", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    impl = Impl.get(args.impl)
+    out = Path(args.out) if args.out else results_dir(impl)
     out.mkdir(parents=True, exist_ok=True)
     sizes = QUICK_SIZES if args.quick else SIZES
-    fns = impls()
+    fns = impls(impl)
 
     rows = []
     for dname, dt in DTYPES.items():
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in fns.items():
         kernels[name] = profile(lambda: fn(x)).n_kernels
         host_us[name] = host_us_per_call(fn)
-    num = numerics()
+    num = numerics(impl)
     listing = kernel_listing()
 
     with open(out / "a04_a05_gelu.csv", "w", newline="") as f:
@@ -211,11 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         w.writerows(rows)
     _plot(rows, out / "a04_a05_gelu.png")
 
-    cmd = " ".join(["python -m " + MODULE, *(sys.argv[1:] if argv is None else argv)])
+    cmd = command_line(module, argv)
     lines = [
         "# Stages 4-5: fused GELU (CUDA op, Triton op) against PyTorch",
         "",
-        f"- command: `{cmd}` (tree: `{TREE}`)",
+        f"- command: `{cmd}` (impl: `{impl}`)",
         f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
         f"triton {__import__('triton').__version__}; python {platform.python_version()}; "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",

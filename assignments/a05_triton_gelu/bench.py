@@ -1,14 +1,14 @@
 """Benchmark stage 5 (with stage 4): one run times both ops against PyTorch.
 
-    python -m assignments.a05_triton_gelu.bench [--quick] [--out DIR]
+    python -m assignments.a05_triton_gelu.bench [--quick] [--out DIR] [--impl X]
     python -m assignments.a05_triton_gelu.bench [--quick] [--out DIR]   # your work
 
 Same as ``python -m assignments.a04_cuda_gelu.bench``: see that file. Writes
-lectures/results/a04_a05_gelu.{md,csv,png}.
+a04_a05_gelu.{md,csv,png} (for the solutions: to lectures/results/).
 """
 import sys
 
 from ..a04_cuda_gelu.bench import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(module=__spec__.name))

@@ -3,11 +3,12 @@
     python -m assignments.a06_matmul.bench            # full run on a GPU (~4 minutes)
     python -m assignments.a06_matmul.bench --quick    # fewer sizes
     python -m assignments.a06_matmul.bench --out /tmp/mine
+    python -m assignments.a06_matmul.bench --impl path/to/submission
 
 Writes ``a06_matmul.md`` (tables, floors, the command), ``a06_matmul.csv`` and two plots
 (``a06_matmul_tflops.png``: TFLOP/s against size per version; ``a06_matmul_quantization.png``:
-the tile/wave-quantization sweep) to ``--out`` (default lectures/results/ for solutions/,
-lectures/results/<impl>/ otherwise).
+the tile/wave-quantization sweep) to ``--out`` (default ``common.impl.results_dir``: lectures/results/ for
+solutions/, lectures/results/<impl folder>/ otherwise).
 
 Timing: common.timing.bench (CUDA events through triton.testing.do_bench, median, L2
 flushed before every run), after a warm-up call; each kernel's output is checked against
@@ -28,10 +29,12 @@ from pathlib import Path
 import torch
 
 from common import is_hopper
-from common.impl import REPO
+from common.impl import REPO, Impl, add_impl_argument, command_line, results_dir
+from common.roofline import matmul_flops
+from common.testing import rel_error
+from common.timing import bench, bench_graph
 
-PKG = (__spec__.name if __spec__ else __name__).rsplit(".", 1)[0]  # e.g. "assignments.a06_matmul"
-IMPL = PKG.split(".")[0]
+STAGE = "a06_matmul"
 SQUARE = [512, 1024, 2048, 3072, 4096, 6144, 8192]
 SQUARE_QUICK = [512, 1024, 2048, 4096]
 GPT2 = {  # GPT-2 small, batch 8 x 1024 tokens: (M, K, N)
@@ -48,42 +51,24 @@ SM_TILE = 128  # v5 and Triton's sweep config both use 128x128 tiles
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
-    return 2.0 * m * n * k / ms / 1e9
+    return matmul_flops(m, n, k) / ms / 1e9
 
 
 def _timed(fn, graph: bool = True) -> float:
-    """Median ms of fn(). graph=True times replays of a CUDA graph of fn, so the Python and
-    launch overhead of a call (tens of µs for a Triton launch) is not counted: kernel time."""
-    from common.timing import bench
-    fn()  # warm-up: compile / autotune / build outside the timing
+    """Median ms of fn(), after one warm-up call (compile / autotune / build outside the timing).
+    graph=True: common.timing.bench_graph (replays of a CUDA graph of fn, so the Python and launch
+    overhead of a call, tens of µs for a Triton launch, is not counted: kernel time);
+    graph=False: common.timing.bench (eager calls)."""
+    fn()
     torch.cuda.synchronize()
-    if not graph:
-        return bench(fn).median_ms
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ms = bench(g.replay).median_ms
-    del g
-    return ms
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.float(), ref.float()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return (bench_graph(fn) if graph else bench(fn)).median_ms
 
 
 # ------------------------------------------------------------------ probe CUDA versions
 PROBE = """
 import sys, torch, common
 from common.impl import load
-mod = load("{stage}.matmul_cuda", "{impl}")
+mod = load("{stage}.matmul_cuda", {impl!r})
 for v in {versions}:
     print("probe", v, flush=True)
     dt = torch.float32 if v <= 4 else torch.bfloat16
@@ -98,11 +83,11 @@ for v in {versions}:
 """
 
 
-def probe_cuda(versions: list[int]) -> tuple[list[int], dict[int, str]]:
+def probe_cuda(impl: Impl, versions: list[int]) -> tuple[list[int], dict[int, str]]:
     """Run each version on small problems in child processes; return (good, {bad: why})."""
     good, bad, todo = [], {}, list(versions)
     while todo:
-        code = PROBE.format(stage=PKG.split(".")[1], impl=IMPL, versions=todo)
+        code = PROBE.format(stage=STAGE, impl=str(impl.root), versions=todo)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
         oks = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("ok ")]
         good += oks
@@ -120,13 +105,12 @@ def probe_cuda(versions: list[int]) -> tuple[list[int], dict[int, str]]:
 
 # ------------------------------------------------------------------ measurement
 class Runner:
-    def __init__(self, cuda_versions: list[int], csv_path: Path | None = None):
+    def __init__(self, impl: Impl, cuda_versions: list[int], csv_path: Path | None = None):
         self.csv_path = csv_path
         self.device = torch.cuda.get_device_name()
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
-        from common.impl import load
-        self.tri = load(f"{PKG.split('.')[1]}.matmul_triton", IMPL)
-        self.cu = load(f"{PKG.split('.')[1]}.matmul_cuda", IMPL) if cuda_versions else None
+        self.tri = impl.load(f"{STAGE}.matmul_triton")
+        self.cu = impl.load(f"{STAGE}.matmul_cuda") if cuda_versions else None
         self.versions = cuda_versions
         self.rows: list[dict] = []
 
@@ -158,10 +142,10 @@ class Runner:
         if dtype == torch.float32:
             c = self.tri.matmul(a, b)  # tf32
             self.add(section, name, m, n, k, dtype, "Triton tf32", _timed(lambda: self.tri.matmul(a, b)),
-                     _rel(c, ref_tf32))
+                     rel_error(c, ref_tf32))
         else:
             c = self.tri.matmul(a, b)
-            self.add(section, name, m, n, k, dtype, "Triton", _timed(lambda: self.tri.matmul(a, b)), _rel(c, ref))
+            self.add(section, name, m, n, k, dtype, "Triton", _timed(lambda: self.tri.matmul(a, b)), rel_error(c, ref))
         for v in versions:
             if v not in self.versions or max(m, n, k) > MAX_SIZE.get(v, 1 << 30):
                 continue
@@ -170,7 +154,7 @@ class Runner:
             out = torch.empty(m, n, device="cuda", dtype=dtype)
             c = self.cu.matmul(a, b, v, out=out)
             self.add(section, name, m, n, k, dtype, f"CUDA v{v}",
-                     _timed(lambda: self.cu.matmul(a, b, v, out=out)), _rel(c, ref))
+                     _timed(lambda: self.cu.matmul(a, b, v, out=out)), rel_error(c, ref))
         del a, b
 
     def sweep(self, sizes: list[int]):
@@ -184,11 +168,11 @@ class Runner:
             self.add("sweep", f"{s}^3", s, s, s, torch.bfloat16, "cuBLAS", _timed(lambda: torch.matmul(a, b)), **extra)
             c = self.tri.matmul(a, b, config=cfg)
             self.add("sweep", f"{s}^3", s, s, s, torch.bfloat16, "Triton 128x128 fixed",
-                     _timed(lambda: self.tri.matmul(a, b, config=cfg)), _rel(c, ref), **extra)
+                     _timed(lambda: self.tri.matmul(a, b, config=cfg)), rel_error(c, ref), **extra)
             if 5 in self.versions:
                 c = self.cu.matmul(a, b, 5)
                 self.add("sweep", f"{s}^3", s, s, s, torch.bfloat16, "CUDA v5",
-                         _timed(lambda: self.cu.matmul(a, b, 5)), _rel(c, ref), **extra)
+                         _timed(lambda: self.cu.matmul(a, b, 5)), rel_error(c, ref), **extra)
 
     def fusion(self, shapes: dict[str, tuple[int, int, int]]):
         import torch.nn.functional as F
@@ -207,12 +191,12 @@ class Runner:
             }
             for label, fn in variants.items():
                 out = fn()
-                err = _rel(out, ref) if "only" not in label else float("nan")
+                err = rel_error(out, ref) if "only" not in label else float("nan")
                 self.add("fusion", name, m, n, k, torch.bfloat16, label, _timed(fn), err,
                          eager_ms=_timed(fn, graph=False))
             fn = lambda: self.tri.matmul(x, w, bias, "gelu_tanh", fast_tanh=False)  # noqa: E731
             self.add("fusion", name, m, n, k, torch.bfloat16, "Triton fused, precise tanh", _timed(fn),
-                     _rel(fn(), ref), eager_ms=_timed(fn, graph=False))
+                     rel_error(fn(), ref), eager_ms=_timed(fn, graph=False))
             del x, w, bias
 
 
@@ -392,6 +376,7 @@ def _plots(rows, out: Path, dev: str, sms: int):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_impl_argument(ap, __spec__.name if __spec__ else __name__)
     ap.add_argument("--quick", action="store_true", help="fewer sizes, no sweep")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--versions", default="1,2,3,4,5,6,7", help="CUDA versions to time (comma-separated)")
@@ -401,8 +386,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and not args.report_only:
         sys.exit("bench.py times kernels on a CUDA GPU; this machine has none")
-    out = args.out or (REPO / "lectures" / "results" / ("" if IMPL == "solutions" else IMPL))
-    cmd = "python -m " + PKG + ".bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    impl = Impl.get(args.impl)
+    out = args.out or results_dir(impl)
+    cmd = command_line(__spec__.name if __spec__ else __name__, argv)
     versions = [int(v) for v in args.versions.split(",") if v.strip()]
     csv_path = out / "a06_matmul.csv"
     out.mkdir(parents=True, exist_ok=True)
@@ -414,9 +400,9 @@ def main(argv: list[str] | None = None) -> None:
     if 7 in versions and not is_hopper():
         versions.remove(7)
         bad[7] = "needs an sm_90 GPU (TMA + wgmma)"
-    good, probe_bad = probe_cuda(versions) if versions else ([], {})
+    good, probe_bad = probe_cuda(impl, versions) if versions else ([], {})
     bad.update(probe_bad)
-    run = Runner(sorted(good), csv_path)
+    run = Runner(impl, sorted(good), csv_path)
     torch.backends.cuda.matmul.allow_tf32 = False
     sizes = SQUARE_QUICK if args.quick else SQUARE
     for s in sizes:

@@ -3,9 +3,10 @@
     python -m assignments.a08_gpt2_inference.bench                 # GPT-2 small and medium (H100: ~15 min)
     python -m assignments.a08_gpt2_inference.bench --models small --batches 1 8 --quick
     python -m assignments.a08_gpt2_inference.bench               # your engine
+    python -m assignments.a08_gpt2_inference.bench --impl path/to/submission
 
 Three ways to run the same random-weight GPT-2 (bf16, greedy, no end-of-text stop):
-  engine        this tree's GPT2Engine: the course kernels, static KV cache, decode step
+  engine        the impl's GPT2Engine (--impl; default: the tree the command ran from): the course kernels, static KV cache, decode step
                 replayed from a CUDA graph;
   hf eager      transformers' GPT2LMHeadModel.generate with its default (dynamic) cache;
   hf compiled   the same with cache_implementation="static": transformers compiles the
@@ -21,7 +22,8 @@ Per (model, prompt length P, batch B):
                   the current length) / the GPU time of one replayed step; against the device
                   copy bandwidth measured in the same run, that is the decode roofline.
 Times are medians of --reps runs after a warm-up run (compilation, autotuning, graph capture).
-Writes lectures/results/a08_gpt2_inference.{md,csv} and a08_decode_speedup.png.
+Writes a08_gpt2_inference.{md,csv} and a08_decode_speedup.png to common.impl.results_dir
+(lectures/results/ for the solutions, lectures/results/<impl folder>/ otherwise).
 """
 from __future__ import annotations
 
@@ -33,12 +35,11 @@ from pathlib import Path
 
 import torch
 
-from common.impl import load
+from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.roofline import gpt2_decode_bytes, measure_ceilings
 from common.testing import random_gpt2
 
-TREE = (__package__ or "solutions").split(".")[0]     # solutions or assignments: the tree this file is in
-RESULTS = Path(__file__).resolve().parents[2] / "lectures" / "results"
+MODULE = __spec__.name if __spec__ is not None else __name__
 MODELS = {"small": dict(n_embd=768, n_layer=12, n_head=12), "medium": dict(n_embd=1024, n_layer=24, n_head=16)}
 NEW = 64
 
@@ -215,14 +216,17 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="3 reps")
     ap.add_argument("--no-compiled", action="store_true", help="skip transformers + torch.compile")
-    ap.add_argument("--out", default=str(RESULTS / "a08_gpt2_inference"), help="csv/md path prefix")
+    add_impl_argument(ap, MODULE)
+    ap.add_argument("--out", default=None, help="csv/md path prefix (default: results_dir(impl)/a08_gpt2_inference)")
     args = ap.parse_args(argv)
+    impl = Impl.get(args.impl)
+    args.out = args.out or str(results_dir(impl) / "a08_gpt2_inference")
     if not torch.cuda.is_available():
         raise SystemExit("the stage-8 benchmark needs a CUDA GPU (CPU: pytest runs the engine interpreted)")
     reps = 3 if args.quick else args.reps
-    eng_mod = load("a08_gpt2_inference.engine", TREE)
+    eng_mod = impl.load("a08_gpt2_inference.engine")
     gbps_copy = measure_ceilings().gbps            # device-to-device copy, bytes read + written
-    print(f"{TREE}: {torch.cuda.get_device_name()}, copy bandwidth {gbps_copy:.0f} GB/s", flush=True)
+    print(f"{impl}: {torch.cuda.get_device_name()}, copy bandwidth {gbps_copy:.0f} GB/s", flush=True)
     rows = []
     for name in args.models:
         torch.manual_seed(0)                          # the same prompts on every run
@@ -243,19 +247,19 @@ def main(argv=None):
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
         del engine, hf
         torch.cuda.empty_cache()
-    write(rows, Path(args.out), gbps_copy)
+    write(rows, Path(args.out), gbps_copy, impl, command_line(MODULE, argv))
 
 
-def write(rows, out: Path, gbps_copy: float):
+def write(rows, out: Path, gbps_copy: float, impl: Impl, cmd: str):
     out.parent.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    lines = [f"# Stage 8: GPT-2 generation, {TREE} engine vs transformers ({torch.cuda.get_device_name()})", "",
+    lines = [f"# Stage 8: GPT-2 generation, {impl} engine vs transformers ({torch.cuda.get_device_name()})", "",
              f"bf16, random weights, greedy, 64 new tokens; copy bandwidth {gbps_copy:.0f} GB/s. "
-             f"Command: `python -m {TREE}.a08_gpt2_inference.bench`", "",
+             f"Command: `{cmd}`", "",
              "| model | prompt | batch | prefill tok/s engine | hf eager | ratio | decode tok/s engine | hf eager "
              "| hf compiled | vs eager | vs compiled | step GPU ms | step GB/s | of copy |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
