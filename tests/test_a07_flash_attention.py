@@ -197,11 +197,10 @@ def test_torch_one_tile_at_a_time(tiled, causal):
 
 # ------------------------------------------------------------------------ 7b: Triton
 @pytest.fixture
-def tri(impl, monkeypatch):
+def tri(impl):
     mod = impl.load(TRITON_MOD)
-    monkeypatch.setattr(mod, "POISON_OUTPUTS", True)   # unwritten outputs read as NaN
-    monkeypatch.setattr(mod, "TUNE", False)            # the fixed config table (no autotuning in tests)
-    return mod
+    with mod.launch_options(poison=True):   # unwritten outputs read as NaN; the fixed config table
+        yield mod
 
 
 # (leading dims, Nq, Nk, d, dtype)

@@ -3,16 +3,17 @@
     python -m assignments.a07_flash_attention.bench            # full table + plots (H100, ~5 min)
     python -m assignments.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
     python -m assignments.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
-    python -m assignments.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (flash_triton.TUNE)
+    python -m assignments.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (launch_options(tune=True))
     python -m assignments.a07_flash_attention.bench          # your work (same options)
+    python -m assignments.a07_flash_attention.bench --impl path/to/submission
 
 bf16, B·H·S = 2^19 tokens (B·H = 128 at S = 4096, 32 at S = 16384; H = 16),
 d = 64 and 128, causal and not. Times are CUDA-event medians with L2 flushed
 (common.timing.bench). FLOPs: 4·B·H·S²·d forward (halved when causal), backward
 2.5x forward (common.roofline.attention_flops). Backward is timed alone
 (autograd.grad with retain_graph), so the floors compare like with like.
-Writes lectures/results/a07_flash_attention.{md,csv} and a07_*.png
-(--tune: a07_flash_attention_tuned.{md,csv}).
+Writes a07_flash_attention.{md,csv} and a07_*.png (--tune: a07_flash_attention_tuned.{md,csv})
+to common.impl.results_dir: lectures/results/ for the solutions, lectures/results/<impl folder>/ otherwise.
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ import torch
 import torch.nn.functional as F
 
 import common  # noqa: F401
+from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.roofline import attention_flops
 from common.timing import bench
 
-from . import flash_torch, flash_triton
-
-RESULTS = Path(__file__).resolve().parents[2] / "lectures" / "results"
+#: Set once by main() from --impl: the impl's two modules, and where the results go.
+flash_torch = flash_triton = None
+RESULTS: Path = results_dir("solutions")
 TOKENS = 1 << 19
 HEADS = 16
 DTYPE = torch.bfloat16
@@ -52,12 +54,19 @@ def sdpa(q, k, v, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
-IMPLS = {
-    "triton": flash_triton.flash_attention,
-    "sdpa": sdpa,
-    "naive": naive_attention,
-    "tiled_torch": flash_torch.flash_attention_torch,
-}
+IMPLS: dict = {}   # name -> attention function, in table order (use_impl fills it)
+
+
+def use_impl(impl: Impl) -> None:
+    """Point the bench at one impl: its two modules, the IMPLS table and the results folder."""
+    global flash_torch, flash_triton, RESULTS
+    flash_torch = impl.load("a07_flash_attention.flash_torch")
+    flash_triton = impl.load("a07_flash_attention.flash_triton")
+    RESULTS = results_dir(impl)
+    IMPLS.clear()
+    IMPLS.update({"triton": flash_triton.flash_attention, "sdpa": sdpa, "naive": naive_attention,
+                  "tiled_torch": flash_torch.flash_attention_torch})
+
 #: Largest S each slow implementation is timed at (memory / time).
 MAX_S = {"naive": 4096, "tiled_torch": 2048}
 
@@ -159,7 +168,7 @@ def sweep(s=4096, d_list=(64, 128)):
               (32, 64, 4, 4), (128, 128, 8, 2)]
     dq_c = [(128, 32, 4, 4), (128, 32, 4, 5), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
             (64, 32, 4, 4), (128, 128, 8, 2)]
-    FT.TUNE = False
+    forced = {}   # the best config so far of each kind, used for the next kinds' runs
     rows = []
     for d in d_list:
         for causal in (False, True):
@@ -173,17 +182,13 @@ def sweep(s=4096, d_list=(64, 128)):
                 for bm, bn, w, st in cands:
                     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
                     try:
-                        if kind == "fwd":
-                            FT.FWD_CONFIG = cfg
-                            ms = bench(lambda: FT.attention_forward(q, k, v, causal)).median_ms
-                            tf = f_fwd / ms / 1e9
-                        else:
-                            if kind == "dkdv":
-                                FT.DKDV_CONFIG = cfg
+                        with FT.launch_options(**{**forced, kind: cfg}):
+                            if kind == "fwd":
+                                ms = bench(lambda: FT.attention_forward(q, k, v, causal)).median_ms
+                                tf = f_fwd / ms / 1e9
                             else:
-                                FT.DQ_CONFIG = cfg
-                            ms = bench(lambda: FT.attention_backward(q, k, v, o, lse, do, causal)).median_ms
-                            tf = f_bwd / ms / 1e9
+                                ms = bench(lambda: FT.attention_backward(q, k, v, o, lse, do, causal)).median_ms
+                                tf = f_bwd / ms / 1e9
                     except Exception as e:  # e.g. out of shared memory
                         print(f"[a07] sweep {kind} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
                         continue
@@ -193,7 +198,7 @@ def sweep(s=4096, d_list=(64, 128)):
                 # keep the best of this kind for the next kind's runs
                 best = max((r for r in rows if r[:3] == (d, causal, kind)), key=lambda r: r[-1])
                 cfg = {"BLOCK_M": best[3], "BLOCK_N": best[4], "num_warps": best[5], "num_stages": best[6]}
-                setattr(FT, {"fwd": "FWD_CONFIG", "dkdv": "DKDV_CONFIG", "dq": "DQ_CONFIG"}[kind], cfg)
+                forced[kind] = cfg
                 print(f"[a07] BEST d={d} causal={int(causal)} {kind}: {cfg} {best[-1]:.1f} TFLOP/s", flush=True)
             for name in ("sdpa",):
                 qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
@@ -288,30 +293,32 @@ def plots(rows, mem):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
+    add_impl_argument(ap, __spec__.name if __spec__ else __name__)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tune", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench.py needs a CUDA GPU")
+    use_impl(Impl.get(args.impl))
     torch.manual_seed(0)
     if args.sweep:
         sweep()
         return
     if args.tune:
-        flash_triton.TUNE = True
         IMPLS.pop("naive")
         IMPLS.pop("tiled_torch")
     sizes = [4096] if args.tune else [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
     rows = []
-    run_table(sizes, (64, 128), rows)
+    with flash_triton.launch_options(tune=args.tune):
+        run_table(sizes, (64, 128), rows)
     if args.tune:
         for fn, tuned in flash_triton._tuned.items():
             for key, cfg in tuned.cache.items():
                 print(f"[a07] autotune {getattr(fn, '__name__', fn)} key={key}: {cfg}", flush=True)
     full = not (args.quick or args.tune)
     mem = memory([1024, 2048, 4096, 8192, 16384]) if full else []
-    cmd = "python -m " + __package__ + ".bench" + (" --quick" if args.quick else "") + (" --tune" if args.tune else "")
+    cmd = command_line(__spec__.name if __spec__ else __name__, argv)
     write_results(rows, mem, cmd, "a07_flash_attention_tuned" if args.tune else "a07_flash_attention")
     if full:
         plots(rows, mem)

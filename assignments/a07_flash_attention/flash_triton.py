@@ -24,11 +24,14 @@ writes. See the handout (README.md) for the arithmetic.
     python -m assignments.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100
-(`bench.py --sweep`); `TUNE = True` autotunes instead; the interpreter uses small tiles.
+(`bench.py --sweep`); `with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=`
+force one config, `poison=True` NaN-fills the outputs first (tests); the interpreter uses small tiles.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -39,9 +42,6 @@ from common.checks import FLOAT_DTYPES, check_same, check_tensor
 
 HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634
-#: Tests set this to fill outputs with NaN before the kernels run, so an unwritten
-#: element can never pass for a right one.
-POISON_OUTPUTS = False
 
 
 # =============================================================================== kernels
@@ -124,10 +124,6 @@ else:
     CONFIGS = {"fwd": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)},
                "dkdv": {64: _cfg(32, 128, 4, 4), 128: _cfg(64, 128, 8, 3)},
                "dq": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)}}
-#: Set a dict here to force one config for every head dim (bench.py --sweep does).
-FWD_CONFIG = DKDV_CONFIG = DQ_CONFIG = None
-#: True: triton.autotune over the *_TUNE sets instead (bench.py --tune); compiles every config.
-TUNE = False
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
 FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
 DKDV_TUNE = _configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)])
@@ -135,15 +131,44 @@ DQ_TUNE = _configs([(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4
 _tuned = {}
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How the kernels are launched (given code; set with ``launch_options``).
+
+    tune: triton.autotune over the *_TUNE sets instead of CONFIGS (bench.py --tune; compiles
+    every config). fwd / dkdv / dq: one config dict (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    forced for every head dim (bench.py --sweep). poison: fill the outputs with NaN before the
+    kernels run, so that an unwritten element can never pass for a right one (the tests)."""
+    tune: bool = False
+    fwd: dict | None = None
+    dkdv: dict | None = None
+    dq: dict | None = None
+    poison: bool = False
+
+
+_options = [LaunchOptions()]   # a stack; only launch_options changes it (backward may run on another thread)
+
+
+@contextlib.contextmanager
+def launch_options(**options):
+    """``with launch_options(tune=True):`` / ``(fwd={...})`` / ``(poison=True)``: the calls inside
+    launch that way (``LaunchOptions``), backward passes included; as before after the block."""
+    _options.append(LaunchOptions(**options))
+    try:
+        yield _options[-1]
+    finally:
+        _options.pop()
+
+
 def _kernel(fn, kind: str, d: int):
     """(kernel, launch kwargs) for one of the three tiled kernels."""
-    if TUNE:
+    opts = _options[-1]
+    if opts.tune:
         if fn not in _tuned:
             tune = {"fwd": FWD_TUNE, "dkdv": DKDV_TUNE, "dq": DQ_TUNE}[kind]
             _tuned[fn] = triton.autotune(tune, key=_KEY)(fn)
         return _tuned[fn], {}
-    forced = {"fwd": FWD_CONFIG, "dkdv": DKDV_CONFIG, "dq": DQ_CONFIG}[kind]
-    return fn, dict(forced or CONFIGS[kind][64 if d <= 64 else 128])
+    return fn, dict(getattr(opts, kind) or CONFIGS[kind][64 if d <= 64 else 128])
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -177,7 +202,7 @@ def _as4d(x: torch.Tensor) -> torch.Tensor:
 
 def _new(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     dtype = dtype or like.dtype
-    if POISON_OUTPUTS:
+    if _options[-1].poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     return torch.empty(shape, dtype=dtype, device=like.device)
 

@@ -112,14 +112,13 @@ def main():
         return
     s = 4096
     cands = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)]
-    FT.TUNE = False
     for d in (64, 128):
         for causal in (False, True):
             bh = (1 << 19) // s
             q, k, v = (torch.randn(bh // 16, 16, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             fl = attention_flops(bh, s, s, d, causal)
-            FT.FWD_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-            t_ptr = bench(lambda: FT.attention_forward(q, k, v, causal)).median_ms
+            with FT.launch_options(fwd={"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}):
+                t_ptr = bench(lambda: FT.attention_forward(q, k, v, causal)).median_ms
             t_sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)).median_ms
             line = f"[tma] d={d} causal={int(causal)} ptr {fl / t_ptr / 1e9:.0f} sdpa {fl / t_sdpa / 1e9:.0f} |"
             for bm, bn, w, st in cands:
