@@ -1,0 +1,40 @@
+"""The grader: one implementation, stage by stage, against PyTorch.
+
+    python -m common.grade                         # grade assignments/ (make grade)
+    python -m common.grade --impl solutions
+    python -m common.grade --impl path/to/submission --results-json out/results.json
+    python -m common.grade --submissions subs/ --out graded/     # many, one process per GPU
+
+Every stage runs in its own subprocess with a time limit, so a submission that
+raises, hangs or crashes fails that stage only. A stage's grade has two parts:
+
+* correctness (10 points): the stage's pytest file (5 points, by the fraction of
+  tests passed) and the grader's own trials (5 points: fresh random inputs with shapes
+  drawn now, references computed beforehand from private copies, forbidden PyTorch
+  ops and kernels checked). Calling the PyTorch op where a kernel was asked for, or
+  patching torch or the harness, zeroes the stage.
+* performance (5 points, GPU only): speed against the PyTorch baseline, full points at
+  the stage's target ratio; also reported: time, speedup, roofline fraction (from the
+  stage's bytes and FLOPs and ceilings measured on this GPU), kernels and host
+  transfers per call. On a machine without a GPU the report says "needs a GPU": no
+  numbers are made up, and the maximum score counts correctness only.
+
+The package, one concern a module:
+
+* ``worker.py``: one stage's trials and timing, run in a subprocess
+  (``python -m common.grade.worker``); returns a typed :class:`~.worker.WorkerResult`,
+  passed to the parent as JSON.
+* ``run.py``: one implementation, stage by stage: the stage's tests and the worker, each in
+  a subprocess with a time limit, and the :class:`~.report.StageResult` made from both.
+* ``score.py``: the scoring rules (pure functions, named constants).
+* ``report.py``: :class:`~.report.StageResult` and its renderings: the table, the JSON report,
+  Gradescope's results.json, the plots.
+* ``batch.py``: many submissions, one process per GPU.
+* ``__main__.py``: the command line.
+"""
+from .report import NOT_IMPLEMENTED, StageResult, gradescope, plots, report_json, table
+from .run import REPO, grade, grade_stage, junit_outcomes
+from .score import CORRECT_POINTS, PERF_POINTS, SCORING
+
+__all__ = ["CORRECT_POINTS", "NOT_IMPLEMENTED", "PERF_POINTS", "REPO", "SCORING", "StageResult", "grade",
+           "grade_stage", "gradescope", "junit_outcomes", "plots", "report_json", "table"]

@@ -1,0 +1,189 @@
+"""The grade's renderings: the table, the JSON report, Gradescope's results.json, the plots.
+
+:class:`StageResult` is one stage's row; its fields are the keys of each stage in the JSON
+report (``--json``, ``--json-out``; committed examples in ``lectures/results/grader/``).
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .score import CORRECT_POINTS, SCORE_DECIMALS
+
+
+@dataclass
+class StageResult:
+    stage: str
+    title: str
+    tests_passed: int = 0
+    tests_failed: int = 0
+    tests_skipped: int = 0
+    trials_passed: int = 0
+    trials_total: int = 0
+    worst_error: float | None = None
+    tolerance: float | None = None
+    violations: list[str] = field(default_factory=list)
+    correctness: str = "fail"          # pass | partial (trials passed, a test failed) | fail | needs a GPU
+    message: str = ""
+    not_implemented: list[str] = field(default_factory=list)   # NotImplementedError / output never written
+    ms: float | None = None
+    baseline_ms: float | None = None
+    baseline: str = ""
+    perf_label: str = ""
+    speedup: float | None = None
+    bound: str | None = None
+    roofline_fraction: float | None = None
+    kernels_per_call: int | None = None
+    host_transfers_per_call: int | None = None
+    perf_note: str = ""
+    timing: str = ""                   # how ms and baseline_ms were measured
+    perf_target: float | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    ceilings: dict | None = None
+    score: float = 0.0
+    max_score: float = CORRECT_POINTS
+    seconds: float = 0.0
+
+
+TIMING_COLUMNS = ("ms", "baseline ms", "speedup", "achieved", "roofline", "kernels", "H<->D")
+#: timing columns given up first when the table is wider than the terminal
+DROP_ORDER = ("achieved", "H<->D", "kernels", "baseline ms")
+NOT_IMPLEMENTED = "not implemented yet"
+
+
+def _notes(r: StageResult, timed: bool) -> tuple[str, str]:
+    """(short note for the table's notes column, the full note)."""
+    if r.violations:
+        full = "; ".join(r.violations + ([r.message] if r.message else []))
+        return full, full
+    if r.not_implemented and r.score == 0:
+        return NOT_IMPLEMENTED, f"{NOT_IMPLEMENTED}: {'; '.join(r.not_implemented[:3])}"
+    full = "; ".join(x for x in ([f"{NOT_IMPLEMENTED}: {r.not_implemented[0]}"] if r.not_implemented else [])
+                     + [r.message, r.perf_note if timed and r.ms is None else ""] if x)
+    return full, full
+
+
+def table(results: list[StageResult], impl: str, gpu: str, width: int | None = None) -> str:
+    """The grade as a table, as wide as the terminal allows. Without any timing (a CPU-only
+    machine) the timing columns are left out and a line under the table says why."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    timed = any(r.ms is not None for r in results)
+    head = ["stage", "correct", "tests p/f/s", "trials", "worst err (tol)", *TIMING_COLUMNS, "score", "notes"]
+    rows, fulls = [], []
+    for r in results:
+        err = "-" if r.worst_error is None else f"{r.worst_error:.1e} ({r.tolerance:.0e})"
+        if r.ms is None:
+            perf = ["-"] * len(TIMING_COLUMNS)
+        else:
+            rate = (f"{r.bytes / r.ms / 1e6:.0f} GB/s" if r.bound == "memory" else f"{r.flops / r.ms / 1e9:.0f} TFLOP/s") \
+                if r.flops and r.bytes else "-"
+            perf = [f"{r.ms:.3f}", f"{r.baseline_ms:.3f}", f"{r.speedup:.2f}x", rate,
+                    f"{100 * r.roofline_fraction:.0f}% {r.bound[:3]}", str(r.kernels_per_call),
+                    str(r.host_transfers_per_call)]
+        short, full = _notes(r, timed)
+        rows.append([r.stage, r.correctness, f"{r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
+                     f"{r.trials_passed}/{r.trials_total}", err, *perf, f"{r.score:g}/{r.max_score:g}", short])
+        fulls.append(full)
+    keep = [h for h in head if timed or h not in TIMING_COLUMNS]
+
+    def widths(cols):
+        return [max(len(h), *(len(row[head.index(h)]) for row in rows)) for h in cols]
+    min_notes = len(NOT_IMPLEMENTED)
+    for col in DROP_ORDER:       # too wide even with a short notes column: drop the least telling columns
+        if sum(widths(keep[:-1])) + 2 * (len(keep) - 1) + min_notes <= width or col not in keep:
+            continue
+        keep.remove(col)
+    ws = widths(keep)
+    room = max(min_notes, width - sum(ws[:-1]) - 2 * (len(keep) - 1))
+    ws[-1] = min(ws[-1], room)
+    cut = []
+    for row, full in zip(rows, fulls):
+        n = row[-1]
+        if len(n) > ws[-1]:
+            row[-1] = n[:ws[-1] - 3] + "..."
+        if full and full != row[-1]:
+            cut.append(row[0])
+    if not any(row[-1] for row in rows):     # nothing to note: no empty column
+        keep, ws = keep[:-1], ws[:-1]
+    pick = [head.index(h) for h in keep]
+    out = [f"impl: {impl}    GPU: {gpu}", "  ".join(h.ljust(w) for h, w in zip(keep, ws)).rstrip(),
+           "  ".join("-" * w for w in ws)]
+    out += ["  ".join(row[i].ljust(w) for i, w in zip(pick, ws)).rstrip() for row in rows]
+    total = sum(r.score for r in results)
+    out.append(f"total {total:g} / {sum(r.max_score for r in results):g}")
+    if not timed:
+        out.append("timing needs a GPU: no times or speedups here; scores count correctness only" if not any(r.max_score > CORRECT_POINTS for r in results) else
+                   "no stage was timed: see the notes")
+    notes = [f"  {r.stage}: {full}" for r, full in zip(results, fulls) if r.stage in cut]
+    if notes:
+        out += ["", "notes:", *notes]
+    return "\n".join(out)
+
+
+def gradescope(results: list[StageResult], seconds: float) -> dict:
+    """Gradescope autograder results.json (https://gradescope-autograders.readthedocs.io)."""
+    tests = []
+    for r in results:
+        lines = [f"correctness: {r.correctness}", f"tests passed/failed/skipped: {r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
+                 f"trials passed: {r.trials_passed}/{r.trials_total}"]
+        if r.worst_error is not None:
+            lines.append(f"worst relative error {r.worst_error:.2e} (tolerance {r.tolerance:.0e})")
+        if r.ms is not None:
+            lines.append(f"{r.perf_label}: {r.ms:.4f} ms vs {r.baseline} {r.baseline_ms:.4f} ms "
+                         f"({r.speedup:.2f}x), {100 * r.roofline_fraction:.0f}% of the {r.bound} roofline")
+        elif r.perf_note:
+            lines.append(f"performance: {r.perf_note}")
+        lines += r.violations + ([r.message] if r.message else [])
+        tests.append({"name": f"{r.stage}: {r.title}", "score": r.score, "max_score": r.max_score,
+                      "status": "passed" if r.score == r.max_score else "failed",
+                      "output": "\n".join(lines), "visibility": "visible"})
+    board = [{"name": f"{r.stage} speedup", "value": round(r.speedup, 3)} for r in results if r.speedup is not None]
+    return {"score": round(sum(r.score for r in results), SCORE_DECIMALS), "execution_time": round(seconds),
+            "output": "Per-stage grade against PyTorch; see each test's output.", "visibility": "visible",
+            "stdout_visibility": "visible", "tests": tests, "leaderboard": board}
+
+
+def plots(results: list[StageResult], folder: Path) -> list[Path]:
+    """speedup.png (per stage) and roofline.png (each stage's point), when GPU numbers exist."""
+    timed = [r for r in results if r.ms is not None]
+    if not timed:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([r.stage[:3] for r in timed], [r.speedup for r in timed], color="tab:blue")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("speed vs PyTorch baseline (x)")
+    ax.set_title("Speedup per stage")
+    fig.tight_layout()
+    fig.savefig(folder / "speedup.png", dpi=120)
+    plt.close(fig)
+    import numpy as np
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ceil = next((r.ceilings for r in timed if r.ceilings), None)
+    if ceil:
+        gbps, tflops = ceil["gbps"], ceil["tflops"]
+        x = np.logspace(-1, 4, 200)
+        ax.loglog(x, np.minimum(tflops, x * gbps / 1e3), "k-", lw=1.5,
+                  label=f"roofline ({gbps:.0f} GB/s, {tflops:.0f} TFLOP/s, measured)")
+    for r in timed:
+        ax.loglog([r.flops / r.bytes], [r.flops / r.ms / 1e9], "o", label=r.stage[:3])
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=8)
+    ax.set_title("Each stage on the roofline")
+    fig.tight_layout()
+    fig.savefig(folder / "roofline.png", dpi=120)
+    plt.close(fig)
+    return [folder / "speedup.png", folder / "roofline.png"]
+
+
+def report_json(results: list[StageResult], impl: str, gpu: str, seconds: float) -> dict:
+    """The JSON report (``--json``, ``--json-out``)."""
+    return {"impl": impl, "gpu": gpu, "seconds": round(seconds, 1),
+            "total": round(sum(r.score for r in results), SCORE_DECIMALS), "max": sum(r.max_score for r in results),
+            "stages": [asdict(r) for r in results]}

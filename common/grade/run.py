@@ -1,0 +1,151 @@
+"""One implementation, stage by stage: each stage's graded tests (pytest) and the grader's
+worker (``python -m common.grade.worker``), each in a subprocess with a time limit, so a
+submission that raises, hangs or crashes fails that stage only; the stage's
+:class:`~.report.StageResult` made from both and scored (``score.py``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .report import StageResult
+from .score import FAIL, score
+
+if TYPE_CHECKING:
+    from .worker import WorkerResult
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def junit_outcomes(xml: Path) -> dict:
+    """Test ids by outcome from a pytest junit report, and the first failure's message."""
+    out = {"passed": [], "failed": [], "skipped": [], "first_failure": ""}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {c.tag: c for c in case}
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if "failure" in kinds or "error" in kinds:
+            out["failed"].append(name)
+            if not out["first_failure"]:
+                msg = (kinds.get("failure", kinds.get("error")).get("message") or "").splitlines()
+                out["first_failure"] = f"{case.get('name')}: {msg[0][:200] if msg else ''}"
+        elif "skipped" in kinds:
+            out["skipped"].append(name)
+        else:
+            out["passed"].append(name)
+    return out
+
+
+def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, str]:
+    test = REPO / "tests" / f"test_{folder}.py"
+    if not test.exists():
+        return 0, 0, 0, f"no test file {test.name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", str(test), "--impl", str(impl), "-q", "-p", "no:cacheprovider",
+               "-m", "graded", "--tb=short", f"--junitxml={xml}"]
+        running = Path(tmp) / "running"       # tests/autograder.py writes each test's id here as it starts
+        env = dict(os.environ, COURSE_RUNNING_TEST_FILE=str(running))
+        try:
+            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return 0, 1, 0, f"tests timed out after {timeout:.0f} s"
+        if not xml.exists():
+            test = running.read_text().strip() if running.exists() else ""
+            return 0, 1, 0, f"tests {_died(r.returncode)}" + (f" while running {test}" if test else
+                                                                 f": {(r.stdout + r.stderr)[-300:]}")
+        out = junit_outcomes(xml)
+        return len(out["passed"]), len(out["failed"]), len(out["skipped"]), out["first_failure"]
+
+
+def _died(returncode: int) -> str:
+    """'crashed with SIGABRT (signal 6)' for a process killed by a signal, else its exit code."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "a signal"
+        return f"crashed with {name} (signal {-returncode})"
+    return f"crashed (exit {returncode})"
+
+
+def _run_worker(impl: Path, key: str, timeout: float) -> WorkerResult:
+    """The worker's :class:`~.worker.WorkerResult` for one stage, or a failed one saying why
+    there is none (a time-out, a crash)."""
+    from .worker import MARK, WorkerResult     # not at import: ``python -m common.grade.worker`` imports this package first
+    cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl)]
+    try:
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return WorkerResult(correctness=FAIL, message=f"timed out after {timeout:.0f} s")
+    for line in r.stdout.splitlines():
+        if line.startswith(MARK):
+            return WorkerResult.from_json(line[len(MARK):])
+    tail = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if not ln.startswith("Extension modules:")][-3:]
+    return WorkerResult(correctness=FAIL,
+                        message=_died(r.returncode) + (f": {' | '.join(tail)[-400:]}" if tail else " in the grader's trials"))
+
+
+def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> StageResult:
+    from common import HAS_CUDA
+    t0 = time.time()
+    if run_tests:
+        passed, failed, skipped, first = _run_tests(impl, stage.folder, timeout)
+    else:
+        passed, failed, skipped, first = 0, 0, 0, ""
+    w = _run_worker(impl, stage.key, timeout)
+    message, not_implemented = w.message, list(w.not_implemented)
+    if first and failed:
+        message = "; ".join(x for x in (message, f"first failing test: {first}") if x)
+        if "NotImplementedError" in first:
+            note = first.split(": ", 1)[-1]
+            if not any(note in n for n in not_implemented):
+                not_implemented.append(note)
+    s = score(tests_passed=passed, tests_failed=failed, trials=w.correctness, violations=bool(w.violations),
+              run_tests=run_tests, timed=HAS_CUDA and stage.perf is not None, speedup=w.speedup,
+              perf_target=stage.perf_target)
+    return StageResult(
+        stage.folder, stage.title, tests_passed=passed, tests_failed=failed, tests_skipped=skipped,
+        trials_passed=w.trials_passed, trials_total=w.trials_total, worst_error=w.worst_error, tolerance=w.tolerance,
+        violations=w.violations, correctness=s.correctness, message=message, not_implemented=not_implemented,
+        ms=w.ms, baseline_ms=w.baseline_ms, baseline=w.baseline, perf_label=w.perf_label, speedup=w.speedup,
+        bound=w.bound, roofline_fraction=w.roofline_fraction, kernels_per_call=w.kernels_per_call,
+        host_transfers_per_call=w.host_transfers_per_call, perf_note=w.perf_note, timing=w.timing,
+        perf_target=w.perf_target, flops=w.flops, bytes=w.bytes, ceilings=w.ceilings,
+        score=s.score, max_score=s.max_score, seconds=round(time.time() - t0, 1))
+
+
+def _bar(i: int, n: int, label: str) -> None:
+    width = 28
+    done = int(width * i / n)
+    line = f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {label}"
+    if sys.stderr.isatty():
+        print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool = True,
+          quiet: bool = False) -> tuple[list[StageResult], float]:
+    from common.impl import resolve
+    from common.stages import STAGES
+    root = resolve(impl)
+    todo = [s for s in STAGES if not stages or s.key in stages or s.folder in stages]
+    t0 = time.time()
+    results = []
+    for i, st in enumerate(todo):
+        if not quiet:
+            _bar(i, len(todo), f"{st.folder} ...")
+        results.append(grade_stage(root, st, timeout, run_tests))
+    if not quiet:
+        _bar(len(todo), len(todo), "done")
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    return results, time.time() - t0
+
