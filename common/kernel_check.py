@@ -4,7 +4,7 @@ A stage asks for a kernel (a Triton program, a CUDA op, a tiled loop): a submiss
 calls the PyTorch op it replaces gets the right numbers because PyTorch computed them, so
 no value test can tell. What each graded callable may not call is written here once, as a
 :class:`Forbidden`, and checked the same way by pytest (:func:`assert_is_kernel`) and by
-the grader's trials (common/grade.py, through :func:`watch`, :func:`called` and
+the grader's trials (common/grade/worker.py, through :func:`watch`, :func:`called` and
 :func:`launched`):
 
 * aten ops, from a dispatch trace of the call (``TorchDispatchMode``; CPU and GPU alike):

@@ -71,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_logstart(nodeid, location):
-    """For the grader (common/grade.py): the running test's id in a file, so that a test which
+    """For the grader (common/grade/run.py): the running test's id in a file, so that a test which
     kills the whole process (a segfault in a CUDA extension, an abort) is reported by name."""
     path = os.environ.get("COURSE_RUNNING_TEST_FILE")
     if path:
