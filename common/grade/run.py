@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,15 +111,10 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
     s = score(tests_passed=passed, tests_failed=failed, trials=w.correctness, violations=bool(w.violations),
               run_tests=run_tests, timed=HAS_CUDA and stage.perf is not None, speedup=w.speedup,
               perf_target=stage.perf_target)
-    return StageResult(
-        stage.folder, stage.title, tests_passed=passed, tests_failed=failed, tests_skipped=skipped,
-        trials_passed=w.trials_passed, trials_total=w.trials_total, worst_error=w.worst_error, tolerance=w.tolerance,
-        violations=w.violations, correctness=s.correctness, message=message, not_implemented=not_implemented,
-        ms=w.ms, baseline_ms=w.baseline_ms, baseline=w.baseline, perf_label=w.perf_label, speedup=w.speedup,
-        bound=w.bound, roofline_fraction=w.roofline_fraction, kernels_per_call=w.kernels_per_call,
-        host_transfers_per_call=w.host_transfers_per_call, perf_note=w.perf_note, timing=w.timing,
-        perf_target=w.perf_target, flops=w.flops, bytes=w.bytes, ceilings=w.ceilings,
-        score=s.score, max_score=s.max_score, seconds=round(time.time() - t0, 1))
+    found = {f.name: getattr(w, f.name) for f in fields(w)}     # each a StageResult field of the same name
+    found.update(correctness=s.correctness, message=message, not_implemented=not_implemented)
+    return StageResult(stage.folder, stage.title, tests_passed=passed, tests_failed=failed, tests_skipped=skipped,
+                       score=s.score, max_score=s.max_score, seconds=round(time.time() - t0, 1), **found)
 
 
 def _bar(i: int, n: int, label: str) -> None:
