@@ -176,7 +176,7 @@ class GPT2Engine:
         cache.host_lengths[:b] = lengths
         if all_logits:
             return self.lm_head(self._prompt_forward(ids))
-        if cuda_graph and not all_logits and b * self._bucket(t) <= self.GRAPH_PREFILL_TOKENS:
+        if cuda_graph and b * self._bucket(t) <= self.GRAPH_PREFILL_TOKENS:
             return self._prefill_graphed(ids, b, t)
         last = cache.lengths[:b].long() - 1
         return self._prompt_forward(ids, last)
