@@ -18,6 +18,10 @@ def gpt2_gemms(d_model: int, tokens: int, vocab: int = GPT2_VOCAB) -> dict[str, 
             "lm-head": (t, d, vocab)}
 
 
+#: Attention sweeps: head size -> heads. GPT-2's d = 64 with GPT-2 small's 12 heads; d = 128 with 16.
+ATTENTION_HEADS = {64: 12, 128: 16}
+
+
 def attention_batch(s: int, heads: int, budget: int = 1 << 18) -> int:
     """Batch size for a sweep at sequence length ``s``: B·H·S <= ``budget`` tokens·heads (at least
     one sequence), so every point moves about the same number of bytes and the whole sweep stays

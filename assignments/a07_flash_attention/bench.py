@@ -41,7 +41,7 @@ import common  # noqa: F401
 from common import DEVICE
 from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.roofline import attention_flops
-from common.shapes import attention_batch
+from common.shapes import ATTENTION_HEADS, attention_batch
 from common.testing import rel_error
 from common.timing import bench
 
@@ -308,8 +308,6 @@ def plots(rows, mem):
 # ------------------------------------------------------------------ real shapes (--shapes real)
 #: S swept: powers of two and two odd lengths (a partial last tile, rows not a multiple of 16).
 REAL_S = (512, 1024, 2048, 4096, 8192, 16384, 1000, 1537)
-#: head size -> heads: GPT-2's d = 64 with GPT-2 small's 12 heads; d = 128 with 16.
-REAL_HEADS = {64: 12, 128: 16}
 #: output and gradients against SDPA's before timing (bf16: ~1e-2 apart when right)
 REAL_TOL = 3e-2
 #: The floors of issue #12: the ratio to SDPA (SDPA time / Triton time) of each pass.
@@ -323,7 +321,7 @@ def real_configs(tiny: bool = False) -> list[tuple[int, int, bool, int, int]]:
     """(S, d, causal, B, H) of the sweep. ``tiny``: two small ones for a CPU check under the interpreter."""
     if tiny:
         return [(16, 16, False, 1, 2), (33, 16, True, 1, 2)]
-    return [(s, d, causal, attention_batch(s, h), h) for d, h in REAL_HEADS.items() for causal in (False, True)
+    return [(s, d, causal, attention_batch(s, h), h) for d, h in ATTENTION_HEADS.items() for causal in (False, True)
             for s in REAL_S]
 
 
