@@ -336,7 +336,8 @@ def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
         md += ["**CPU smoke run (Triton interpreter, wall-clock times): these numbers say nothing about "
                "speed.**", ""]
     md += ["## Floors (issue #12), judged at the GPT-2 shapes", "",
-           "| kernel | dtype | vs | floor | shapes timed | min ratio | at | geomean | |", "|---|---|---|---|---|---|---|---|---|"]
+           "| kernel | dtype | vs | floor | shapes timed | min ratio | at | geomean | |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for impl, dt, base, need in REAL_FLOORS:
         s = real_summary(rows, impl, dt, ("gpt2",))
         if s["n"] == 0 and not s["wrong"]:
@@ -356,7 +357,8 @@ def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
             if s["n"] or s["wrong"] or s["skipped"]:
                 md.append(f"| {impl} | {dt} | {label} | {s['n']} | {s['wrong']} | {s['skipped']} | {_x(s['min'])} | "
                           f"{s['at']} | {_x(s['geomean'])} |")
-    for dt, base, kernels in (("bfloat16", "cuBLAS", ("Triton", "CUDA v7")), ("float32", "cuBLAS tf32", ("Triton tf32",))):
+    for dt, base, kernels in (("bfloat16", "cuBLAS", ("Triton", "CUDA v7")),
+                              ("float32", "cuBLAS tf32", ("Triton tf32",))):
         rs = [r for r in rows if r["dtype"] == dt]
         if not rs:
             continue
@@ -377,7 +379,8 @@ def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
                     cells += [r.get("note", ""), ""]
                 else:
                     cells += [f"{r['tflops']:.1f}", f"{r['ratio']:.2f}x"]
-            md.append(f"| {sec} | {shape} | {b['M']} | {b['K']} | {b['N']} | {b['tflops']:.1f} | " + " | ".join(cells) + " |")
+            md.append(f"| {sec} | {shape} | {b['M']} | {b['K']} | {b['N']} | {b['tflops']:.1f} | "
+                      + " | ".join(cells) + " |")
     (out / "a06_matmul_real_shapes.md").write_text("\n".join(md) + "\n")
     _plot_real(rows, out, dev)
 

@@ -339,8 +339,9 @@ def real_row(s, d, causal, b, h, dtype) -> dict:
     ref = _fwd_bwd(sdpa, q, k, v, do, causal)
     err = max(rel_error(x, y) for x, y in zip(_fwd_bwd(IMPLS["triton"], q, k, v, do, causal), ref))
     del ref
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)"
     row = dict(S=s, d=d, causal=causal, B=b, H=h, BH=b * h, dtype=str(dtype).replace("torch.", ""), rel_err=err,
-               note="", device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)")
+               note="", device=dev)
     nan = float("nan")
     if not err <= REAL_TOL:
         row.update(note=f"WRONG: relative error {err:.1e} to SDPA > {REAL_TOL:.0e}", ratio_fwd=nan, ratio_fwdbwd=nan)

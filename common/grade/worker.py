@@ -249,7 +249,8 @@ def summarize(cases: list[dict], ceilings: dict) -> dict:
     done = []
     for k in cases:
         pt = Point(k["label"], k["flops"], k["bytes"], k["ms"])
-        done.append({**k, "speedup": k["baseline_ms"] / k["ms"], "bound": pt.bound(c), "roofline_fraction": pt.fraction(c)})
+        done.append({**k, "speedup": k["baseline_ms"] / k["ms"], "bound": pt.bound(c),
+                     "roofline_fraction": pt.fraction(c)})
     total = Point("all", sum(k["flops"] for k in done), sum(k["bytes"] for k in done), sum(k["ms"] for k in done))
     label = done[0]["label"] if len(done) == 1 else \
         f"geometric mean over {len(done)} shapes: " + "; ".join(k["label"] for k in done)
