@@ -1,12 +1,13 @@
 """Nsight Compute on a stage's benchmark case: the few metrics that matter, beside the roofline.
 
     python -m common.ncu a05                        # your Triton GELU (assignments/), then F.gelu
-    python -m common.ncu a06 --impl solutions       # the reference Triton matmul, 4096^3 bf16
+    python -m common.ncu a06 --impl solutions       # the reference Triton matmul, GPT-2 small's MLP-up, bf16
     python -m common.ncu a07 --export /tmp/a07      # also keep /tmp/a07.ncu-rep for the ncu GUI
     make ncu STAGE=a05 [IMPL=solutions]
 
 The case is the grader's performance case of the stage (``common/stages.py``: the same
-shapes, dtypes and PyTorch baseline), so what ncu measures is what ``make grade`` times.
+shapes, dtypes and PyTorch baseline), so what ncu measures is what ``make grade`` times; a
+stage timed at several shapes (stages 4-7) is profiled at the first of them.
 The case runs in a child process under ``ncu``: it is built and called a few times first
 (Triton compiles and autotunes, cuBLAS picks its kernel), then one call is profiled between
 ``cudaProfilerStart`` and ``cudaProfilerStop`` (``ncu --profile-from-start off``), once for the
@@ -440,12 +441,12 @@ def _child(stage_key: str, impl: str, which: str, warmup: int) -> int:
     import torch
 
     from .impl import load
-    from .stages import by_key
+    from .stages import by_key, perf_cases
     try:
         stage = by_key(stage_key)
         if stage.perf is None:
             raise NcuError(f"stage {stage.key} has no performance case")
-        p = stage.perf(lambda m: load(m, impl))
+        p = perf_cases(stage, lambda m: load(m, impl))[0]     # a stage timed at several shapes: the first
         fn = p.submission if which == "submission" else p.baseline
         for _ in range(warmup):
             fn()

@@ -13,7 +13,9 @@ Each stage gives
   ``torch.matmul`` where a kernel was asked for fails), and GPU kernel names with the
   profiler on a GPU (a PyTorch or cuBLAS kernel where the stage's own kernel should run).
 * ``perf(load)`` on a GPU: the submission against the PyTorch baseline it is graded
-  against, with the FLOPs and bytes that place it on the roofline.
+  against, with the FLOPs and bytes that place it on the roofline: one :class:`Perf`, or a
+  list of them (stages 4-7: shapes from the benches' real-shape sweeps, common/shapes.py),
+  whose speedups the grader combines by their geometric mean (common.grade.score).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from . import reference as ref
 from .profiling import fake_cuda, trace_ops
 from .roofline import (attention_flops, elementwise_bytes, gpt2_decode_bytes, gpt2_decode_flops, matmul_bytes,
                        matmul_flops)
+from .shapes import ATTENTION_HEADS, GPT2_MODELS, attention_batch, gpt2_gemms
 from .kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, BIAS_KERNEL, DECODE_ATTENTION, ENGINE, FUSED_LINEAR,
                            GELU_KERNEL, LAYERNORM_KERNEL, MATMUL_KERNEL, NOTHING, WRITE_KV, Forbidden,
                            attention_tile_bound, largest_new_tensor, tile_message)
@@ -71,7 +74,8 @@ class Stage:
     folder: str
     title: str
     trials: Callable[[Load, random.Random], list[Trial]]
-    perf: Callable[[Load], Perf] | None = None
+    #: the performance case, or several (one per shape): their speedups' geometric mean is scored
+    perf: Callable[[Load], Perf | list[Perf]] | None = None
     perf_target: float = 0.9        # speed vs baseline that earns the full performance points
     gpu_only: bool = False
     extra: dict = field(default_factory=dict)
@@ -79,6 +83,12 @@ class Stage:
     @property
     def key(self) -> str:
         return self.folder[:3]
+
+
+def perf_cases(stage: Stage, load: Load) -> list[Perf]:
+    """The stage's performance cases as a list (a stage may give one :class:`Perf` or several)."""
+    p = stage.perf(load)
+    return list(p) if isinstance(p, (list, tuple)) else [p]
 
 
 def _gen(rng: random.Random) -> torch.Generator:
@@ -250,11 +260,20 @@ def _a05_trials(load, rng):
     return _gelu_trials(lambda: mod.gelu, "gelu (Triton)", rng)
 
 
+#: GELU's speed cases: GPT-2 small's MLP activation at 8192 tokens [8192, 4·768], and an odd size
+#: (an odd element count: the last block is partial, no 16-byte alignment of the tail).
+GELU_SHAPES = ((8192, 4 * GPT2_MODELS["small"][0]), (4099, 6397))
+
+
 def _gelu_perf(fn, label):
-    n = 1 << 26
-    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    return Perf(f"{label} 2^26 bf16", lambda: fn(x), lambda: F.gelu(x, approximate="tanh"),
-                'F.gelu(approximate="tanh")', 8.0 * n, elementwise_bytes(n, torch.bfloat16))
+    cases = []
+    for shape in GELU_SHAPES:
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+        n = x.numel()
+        cases.append(Perf(f"{label} {'x'.join(map(str, shape))} bf16", lambda x=x: fn(x),
+                          lambda x=x: F.gelu(x, approximate="tanh"), 'F.gelu(approximate="tanh")', 8.0 * n,
+                          elementwise_bytes(n, torch.bfloat16)))
+    return cases
 
 
 # ----------------------------------------------------------------------------- a06
@@ -317,13 +336,24 @@ def _a06_trials(load, rng):
     return trials
 
 
+#: Stage 6's speed cases, (label, (M, K, N)), bf16, from the bench's real-shape sweep: GPT-2 small's
+#: MLP up-projection at 8192 tokens, an unaligned cube (rows of 4097 bf16: not 16-byte multiples),
+#: and GPT-2 small's QKV projection at 512 tokens (few output tiles: a wave or less of the SMs).
+A06_SHAPES = (("GPT-2 small mlp-up T=8192", gpt2_gemms(GPT2_MODELS["small"][0], 8192)["mlp-up"]),
+              ("unaligned 4097^3", (4097, 4097, 4097)),
+              ("GPT-2 small qkv T=512", gpt2_gemms(GPT2_MODELS["small"][0], 512)["qkv"]))
+
+
 def _a06_perf(load):
     tri = load("a06_matmul.matmul_triton")
-    n = 4096
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    return Perf("Triton matmul 4096^3 bf16", lambda: tri.matmul(a, b), lambda: torch.matmul(a, b), "torch.matmul (cuBLAS)",
-                matmul_flops(n, n, n), matmul_bytes(n, n, n, torch.bfloat16))
+    cases = []
+    for label, (m, k, n) in A06_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        cases.append(Perf(f"Triton matmul {label}: [{m}, {k}] x [{k}, {n}] bf16", lambda a=a, b=b: tri.matmul(a, b),
+                          lambda a=a, b=b: torch.matmul(a, b), "torch.matmul (cuBLAS)", matmul_flops(m, n, k),
+                          matmul_bytes(m, n, k, torch.bfloat16)))
+    return cases
 
 
 # ----------------------------------------------------------------------------- a07
@@ -390,13 +420,23 @@ def _a07_trials(load, rng):
             + _attn_trials(lambda: fx.flash_attention, "Triton", rng, ATTENTION_KERNEL))
 
 
+#: Stage 7's speed cases (B, H, S, d), causal, bf16, forward, from the bench's real-shape sweep
+#: (B·H·S ~ 2^18): GPT-2 small's attention (12 heads of 64) at S = 1024, an odd length (a partial
+#: last tile) at d = 128, and a long sequence at d = 128.
+A07_SHAPES = tuple((attention_batch(s, ATTENTION_HEADS[d]), ATTENTION_HEADS[d], s, d)
+                   for s, d in ((1024, 64), (1537, 128), (4096, 128)))
+
+
 def _a07_perf(load):
     fx = load("a07_flash_attention.flash_triton")
-    b, h, s, d = 4, 16, 4096, 128
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    return Perf("flash attention fwd B=4 H=16 S=4096 d=128 causal bf16", lambda: fx.flash_attention(q, k, v, True),
-                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), "F.scaled_dot_product_attention",
-                attention_flops(b * h, s, s, d, True), 4 * b * h * s * d * 2)
+    cases = []
+    for b, h, s, d in A07_SHAPES:
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cases.append(Perf(f"flash attention fwd B={b} H={h} S={s} d={d} causal bf16",
+                          lambda q=q, k=k, v=v: fx.flash_attention(q, k, v, True),
+                          lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                          "F.scaled_dot_product_attention", attention_flops(b * h, s, s, d, True), 4 * b * h * s * d * 2))
+    return cases
 
 
 # ----------------------------------------------------------------------------- a08

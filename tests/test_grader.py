@@ -312,3 +312,65 @@ def test_a08_perf_case_replays_in_a_graph():
         assert rel_error(out, expected) <= p.tol, f"replayed output off by {rel_error(out, expected):.2e}"
     assert bench_graph(p.submission, check=check).median_ms > 0
     assert bench_graph(p.baseline, check=check).median_ms > 0
+
+
+def test_speed_score_is_the_geometric_mean_over_shapes():
+    """A stage timed at several shapes is scored by the geometric mean of its per-shape speedups
+    (worker.summarize, pure): 2x faster on one shape and 2x slower on another scores as 1x, not as
+    the ratio of the summed times; the per-shape numbers stay in the result (``cases``)."""
+    import math
+
+    from common.grade.score import PERF_POINTS, combined_speedup, score
+    from common.grade.worker import WorkerResult, summarize
+    ceil = {"gbps": 3000.0, "tflops": 750.0, "source": "test"}
+
+    def case(label, ms, base):
+        return dict(label=label, ms=ms, baseline_ms=base, flops=1e12, bytes=1e8, timing="cuda-graph replay",
+                    kernels_per_call=1, host_transfers_per_call=0)
+    cases = [case("big", 1.0, 2.0), case("odd", 0.1, 0.05), case("small", 0.02, 0.016)]
+    got = summarize(cases, ceil)
+    want = math.exp((math.log(2.0) + math.log(0.5) + math.log(0.8)) / 3)
+    assert got["speedup"] == pytest.approx(want) == pytest.approx(combined_speedup([2.0, 0.5, 0.8]))
+    assert got["speedup"] != pytest.approx((2.0 + 0.05 + 0.016) / 1.12)        # not the time-weighted ratio
+    assert got["ms"] == pytest.approx(1.12) and got["baseline_ms"] == pytest.approx(2.066)
+    assert [c["speedup"] for c in got["cases"]] == pytest.approx([2.0, 0.5, 0.8])
+    assert got["perf_label"].startswith("geometric mean over 3 shapes") and "odd" in got["perf_label"]
+    s = score(tests_passed=10, tests_failed=0, trials="pass", violations=False, run_tests=True, timed=True,
+              speedup=got["speedup"], perf_target=0.8)
+    assert s.score == round(10 + PERF_POINTS * min(1.0, want / 0.8), 2)
+    # one shape: the old fields, the same numbers
+    one = summarize(cases[:1], ceil)
+    assert one["speedup"] == 2.0 and one["perf_label"] == "big" and len(one["cases"]) == 1
+    # the per-shape detail survives the worker -> parent JSON and reaches the report's StageResult
+    back = WorkerResult.from_json(WorkerResult(**got).to_json())
+    assert back.cases == got["cases"] and back.speedup == pytest.approx(want)
+    from dataclasses import fields
+
+    from common.grade import StageResult
+    assert {f.name for f in fields(WorkerResult)} <= {f.name for f in fields(StageResult)}
+    from common.grade import gradescope
+    r = StageResult("a06_matmul", "x", baseline="torch.matmul (cuBLAS)", score=s.score, max_score=s.max_score,
+                    ceilings=ceil, perf_target=0.8, **got)
+    out = gradescope([r], 1.0)["tests"][0]["output"]
+    assert f"{want:.2f}x torch.matmul (cuBLAS), the geometric mean over 3 shapes" in out, out
+    assert "odd: 0.1000 ms vs 0.0500 ms (0.50x)" in out, out
+    with pytest.raises(ValueError):
+        combined_speedup([])
+
+
+def test_graded_speed_shapes_are_swept_by_the_benches():
+    """Stages 6 and 7 are timed at shapes their benches' --shapes real sweeps cover (common/shapes.py),
+    each at a GPT-2 shape and an unaligned one; the GELU stages at two shapes, one of odd size."""
+    import math
+
+    from common import stages
+    from solutions.a06_matmul.bench import real_shapes
+    from solutions.a07_flash_attention.bench import real_configs
+    swept = {(m, k, n) for _, _, m, k, n, dtypes in real_shapes() if torch.bfloat16 in dtypes}
+    assert {mkn for _, mkn in stages.A06_SHAPES} <= swept, stages.A06_SHAPES
+    assert (8192, 768, 3072) in {mkn for _, mkn in stages.A06_SHAPES}
+    assert any(any(x % 8 for x in mkn) for _, mkn in stages.A06_SHAPES)
+    configs = {(b, h, s, d) for s, d, causal, b, h in real_configs() if causal}
+    assert set(stages.A07_SHAPES) <= configs, stages.A07_SHAPES
+    assert any(s % 16 for _, _, s, _ in stages.A07_SHAPES)
+    assert len(stages.GELU_SHAPES) >= 2 and any(math.prod(sh) % 2 for sh in stages.GELU_SHAPES)

@@ -6,6 +6,7 @@
     python -m assignments.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (launch_options(tune=True))
     python -m assignments.a07_flash_attention.bench          # your work (same options)
     python -m assignments.a07_flash_attention.bench --impl path/to/submission
+    python -m assignments.a07_flash_attention.bench --shapes real --out DIR   # real-shape sweep vs SDPA (~2 min)
 
 bf16, B·H·S = 2^19 tokens (B·H = 128 at S = 4096, 32 at S = 16384; H = 16),
 d = 64 and 128, causal and not. Times are CUDA-event medians with L2 flushed
@@ -13,7 +14,17 @@ d = 64 and 128, causal and not. Times are CUDA-event medians with L2 flushed
 2.5x forward (common.roofline.attention_flops). Backward is timed alone
 (autograd.grad with retain_graph), so the floors compare like with like.
 Writes a07_flash_attention.{md,csv} and a07_*.png (--tune: a07_flash_attention_tuned.{md,csv})
-to common.impl.results_dir: lectures/results/ for the solutions, lectures/results/<impl folder>/ otherwise.
+to common.impl.results_dir: lectures/results/ for the solutions, lectures/results/<impl folder>/ otherwise
+(or to --out).
+
+``--shapes real`` sweeps the shapes attention runs at instead: S = 512 ... 16384 and the odd 1000
+and 1537, d = 64 (GPT-2's head size, 12 heads) and 128 (16 heads), causal and not, B·H·S about
+2^18 tokens·heads (common.shapes.attention_batch: B·H = 512 at S = 512, 12 at S = 16384), bf16,
+forward and forward+backward, Triton against SDPA (F.scaled_dot_product_attention) in the same
+run, each checked against SDPA (output and gradients) before it is timed. Writes
+a07_real_shapes.{md,csv,png}: the ratio to SDPA per shape, its minimum and geometric mean per
+pass, and the floors (forward >= 0.9x, forward+backward >= 0.8x). The grader's speed case for
+this stage is three of these shapes (common/stages.py).
 """
 from __future__ import annotations
 
@@ -27,8 +38,11 @@ import torch
 import torch.nn.functional as F
 
 import common  # noqa: F401
+from common import DEVICE
 from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.roofline import attention_flops
+from common.shapes import ATTENTION_HEADS, attention_batch
+from common.testing import rel_error
 from common.timing import bench
 
 #: Set once by main() from --impl: the impl's two modules, and where the results go.
@@ -291,17 +305,211 @@ def plots(rows, mem):
         plt.close(fig)
 
 
+# ------------------------------------------------------------------ real shapes (--shapes real)
+#: S swept: powers of two and two odd lengths (a partial last tile, rows not a multiple of 16).
+REAL_S = (512, 1024, 2048, 4096, 8192, 16384, 1000, 1537)
+#: output and gradients against SDPA's before timing (bf16: ~1e-2 apart when right)
+REAL_TOL = 3e-2
+#: The floors of issue #12: the ratio to SDPA (SDPA time / Triton time) of each pass.
+REAL_FLOORS = {"fwd": 0.9, "fwd+bwd": 0.8}
+REAL_COLS = ["S", "d", "causal", "B", "H", "BH", "dtype", "triton_fwd_ms", "triton_bwd_ms", "sdpa_fwd_ms",
+             "sdpa_bwd_ms", "triton_fwd_tflops", "sdpa_fwd_tflops", "triton_fwdbwd_tflops", "sdpa_fwdbwd_tflops",
+             "ratio_fwd", "ratio_fwdbwd", "rel_err", "note", "device"]
+
+
+def real_configs(tiny: bool = False) -> list[tuple[int, int, bool, int, int]]:
+    """(S, d, causal, B, H) of the sweep. ``tiny``: two small ones for a CPU check under the interpreter."""
+    if tiny:
+        return [(16, 16, False, 1, 2), (33, 16, True, 1, 2)]
+    return [(s, d, causal, attention_batch(s, h), h) for d, h in ATTENTION_HEADS.items() for causal in (False, True)
+            for s in REAL_S]
+
+
+def _fwd_bwd(fn, q, k, v, do, causal):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = fn(q, k, v, causal)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+def real_row(s, d, causal, b, h, dtype) -> dict:
+    """One shape: Triton's output and gradients checked against SDPA's, then both timed (forward,
+    and backward alone as time_impl does); a wrong output is not timed (note WRONG)."""
+    q, k, v = (torch.randn(b, h, s, d, device=DEVICE, dtype=dtype).requires_grad_() for _ in range(3))
+    do = torch.randn_like(q)
+    ref = _fwd_bwd(sdpa, q, k, v, do, causal)
+    err = max(rel_error(x, y) for x, y in zip(_fwd_bwd(IMPLS["triton"], q, k, v, do, causal), ref))
+    del ref
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)"
+    row = dict(S=s, d=d, causal=causal, B=b, H=h, BH=b * h, dtype=str(dtype).replace("torch.", ""), rel_err=err,
+               note="", device=dev)
+    nan = float("nan")
+    if not err <= REAL_TOL:
+        row.update(note=f"WRONG: relative error {err:.1e} to SDPA > {REAL_TOL:.0e}", ratio_fwd=nan, ratio_fwdbwd=nan)
+        return row
+    f_fwd = attention_flops(b * h, s, s, d, causal)
+    f_all = f_fwd + attention_flops(b * h, s, s, d, causal, backward=True)
+    for name in ("triton", "sdpa"):
+        fwd, bwd = time_impl(IMPLS[name], q, k, v, causal)
+        row.update({f"{name}_fwd_ms": fwd, f"{name}_bwd_ms": bwd, f"{name}_fwd_tflops": f_fwd / fwd / 1e9,
+                    f"{name}_fwdbwd_tflops": f_all / (fwd + bwd) / 1e9})
+    row["ratio_fwd"] = row["sdpa_fwd_ms"] / row["triton_fwd_ms"]
+    row["ratio_fwdbwd"] = (row["sdpa_fwd_ms"] + row["sdpa_bwd_ms"]) / (row["triton_fwd_ms"] + row["triton_bwd_ms"])
+    return row
+
+
+def real_sweep(out: Path, tiny: bool = False) -> list[dict]:
+    """Every shape of real_configs(), each row appended to a07_real_shapes.csv as it is measured."""
+    dtype = torch.float32 if tiny and not torch.cuda.is_available() else DTYPE   # the interpreter: fp32
+    path = out / "a07_real_shapes.csv"
+    path.unlink(missing_ok=True)
+    rows = []
+    for s, d, causal, b, h in real_configs(tiny):
+        try:
+            row = real_row(s, d, causal, b, h, dtype)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            row = dict(S=s, d=d, causal=causal, B=b, H=h, BH=b * h, note="out of memory",
+                       ratio_fwd=float("nan"), ratio_fwdbwd=float("nan"))
+        rows.append(row)
+        with open(path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=REAL_COLS, extrasaction="ignore")
+            if len(rows) == 1:
+                w.writeheader()
+            w.writerow(row)
+        print(f"[a07] real S={s:6d} d={d:3d} causal={int(causal)} B·H={b * h:4d}  fwd {row['ratio_fwd']:.2f}x  "
+              f"fwd+bwd {row['ratio_fwdbwd']:.2f}x SDPA  err {row.get('rel_err', float('nan')):.1e} {row['note']}",
+              flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def load_real(path: Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            for c in ("S", "d", "B", "H", "BH"):
+                r[c] = int(r[c])
+            r["causal"] = r["causal"] == "True"
+            for c in REAL_COLS[7:18]:
+                r[c] = float(r[c]) if r.get(c) else float("nan")
+            rows.append(r)
+    return rows
+
+
+def _geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _x(v):
+    return f"{v:.2f}x" if v == v else "-"
+
+
+def real_summary(rows, key):
+    """Ratios of one pass (``key``: ratio_fwd or ratio_fwdbwd): min (and where), geomean, counts."""
+    timed = [r for r in rows if r[key] == r[key]]
+    low = min(timed, key=lambda r: r[key], default=None)
+    return dict(n=len(timed), bad=len(rows) - len(timed), min=low[key] if low else float("nan"),
+                at=f"S={low['S']} d={low['d']} causal={low['causal']} B·H={low['BH']}" if low else "",
+                geomean=_geomean([r[key] for r in timed]))
+
+
+def report_real(rows, out: Path, cmd: str):
+    """a07_real_shapes.md and .png."""
+    dev = rows[0].get("device", "")
+    lines = [f"# Stage 7: flash attention at real shapes vs SDPA, on {dev}", "",
+             f"Made by `{cmd}` (torch {torch.__version__}, triton {__import__('triton').__version__}). "
+             "Ratio = SDPA time / Triton time (above 1: faster than SDPA), both timed in the same run: CUDA-event "
+             "medians with L2 flushed (common.timing.bench, eager calls as in the rest of this bench); "
+             "forward alone, backward alone (autograd.grad with retain_graph), forward+backward = their sum. "
+             "B·H·S ≈ 2^18 tokens·heads per point (common.shapes.attention_batch). Triton's output and gradients "
+             f"were compared with SDPA's before timing (relative error <= {REAL_TOL:.0e}, else WRONG: not timed, "
+             "and the floor is not met).", ""]
+    if dev.startswith("cpu"):
+        lines += ["**CPU smoke run (Triton interpreter, fp32, wall-clock times): these numbers say nothing "
+                  "about speed.**", ""]
+    lines += ["## Floors (issue #12)", "", "| pass | floor | shapes timed | min ratio | at | geomean | |",
+              "|---|---|---|---|---|---|---|"]
+    for (label, need), key in zip(REAL_FLOORS.items(), ("ratio_fwd", "ratio_fwdbwd")):
+        s = real_summary(rows, key)
+        ok = "met" if s["n"] and not s["bad"] and s["min"] >= need else "**NOT met**"
+        ok += f" ({s['bad']} not timed: wrong or out of memory)" if s["bad"] else ""
+        lines.append(f"| {label} | {need:.2f}x | {s['n']} | {_x(s['min'])} | {s['at']} | {_x(s['geomean'])} | {ok} |")
+    lines += ["", "## Minimum and geometric mean per pass, head size and mask", "",
+              "| d | causal | fwd min | fwd geomean | fwd+bwd min | fwd+bwd geomean |", "|---|---|---|---|---|---|"]
+    for d in sorted({r["d"] for r in rows}):
+        for causal in (False, True):
+            rr = [r for r in rows if r["d"] == d and r["causal"] == causal]
+            if rr:
+                f, fb = real_summary(rr, "ratio_fwd"), real_summary(rr, "ratio_fwdbwd")
+                lines.append(f"| {d} | {causal} | {_x(f['min'])} | {_x(f['geomean'])} | {_x(fb['min'])} | "
+                             f"{_x(fb['geomean'])} |")
+    lines += ["", "## Per shape (TFLOP/s; ms)", "",
+              "| S | d | causal | B·H | fwd Triton | fwd SDPA | fwd ratio | fwd+bwd Triton | fwd+bwd SDPA | "
+              "fwd+bwd ratio | Triton fwd / bwd ms | note |", "|---" * 12 + "|"]
+    for r in rows:
+        if r["ratio_fwd"] == r["ratio_fwd"]:
+            lines.append(f"| {r['S']} | {r['d']} | {r['causal']} | {r['BH']} | {r['triton_fwd_tflops']:.1f} | "
+                         f"{r['sdpa_fwd_tflops']:.1f} | {_x(r['ratio_fwd'])} | {r['triton_fwdbwd_tflops']:.1f} | "
+                         f"{r['sdpa_fwdbwd_tflops']:.1f} | {_x(r['ratio_fwdbwd'])} | "
+                         f"{r['triton_fwd_ms']:.3f} / {r['triton_bwd_ms']:.3f} | |")
+        else:
+            lines.append(f"| {r['S']} | {r['d']} | {r['causal']} | {r['BH']} |" + " |" * 7 + f" {r['note']} |")
+    (out / "a07_real_shapes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:12]))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[a07] matplotlib missing: no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.3 * len(rows)), 5))
+    xs = range(len(rows))
+    for (label, need), key, color in zip(REAL_FLOORS.items(), ("ratio_fwd", "ratio_fwdbwd"), ("tab:blue", "tab:red")):
+        ax.plot(xs, [r[key] for r in rows], ls="", marker="o", ms=4, color=color, label=label)
+        ax.axhline(need, color=color, ls="--", lw=1, label=f"floor {need:.2f}x ({label})")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"S={r['S']} d={r['d']}{' causal' if r['causal'] else ''} BH={r['BH']}" for r in rows],
+                       rotation=90, fontsize=6)
+    ax.set_ylabel("SDPA time / Triton time")
+    ax.set_title(f"Flash attention at real shapes vs SDPA on {dev}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "a07_real_shapes.png", dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
+    global RESULTS
     ap = argparse.ArgumentParser()
     add_impl_argument(ap, __spec__.name if __spec__ else __name__)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--shapes", choices=("default", "real"), default="default",
+                    help="real: the real-shape sweep vs SDPA (a07_real_shapes.*), nothing else")
+    ap.add_argument("--out", type=Path, default=None, help="where to write (default: common.impl.results_dir)")
+    ap.add_argument("--report-only", metavar="CMD", default=None,
+                    help="--shapes real: rebuild the .md and plot from --out's CSV; CMD is the command that made it")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)   # --shapes real, tiny, CPU check
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    cmd = command_line(__spec__.name if __spec__ else __name__, argv)
+    if args.report_only:
+        out = args.out or results_dir(Impl.get(args.impl))
+        report_real(load_real(out / "a07_real_shapes.csv"), out, args.report_only)
+        return
+    if not torch.cuda.is_available() and not args.tiny:
         sys.exit("bench.py needs a CUDA GPU")
     use_impl(Impl.get(args.impl))
+    RESULTS = args.out or RESULTS
     torch.manual_seed(0)
+    if args.shapes == "real" or args.tiny:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        report_real(real_sweep(RESULTS, args.tiny), RESULTS, cmd)
+        return
     if args.sweep:
         sweep()
         return
@@ -318,7 +526,6 @@ def main(argv=None):
                 print(f"[a07] autotune {getattr(fn, '__name__', fn)} key={key}: {cfg}", flush=True)
     full = not (args.quick or args.tune)
     mem = memory([1024, 2048, 4096, 8192, 16384]) if full else []
-    cmd = command_line(__spec__.name if __spec__ else __name__, argv)
     write_results(rows, mem, cmd, "a07_flash_attention_tuned" if args.tune else "a07_flash_attention")
     if full:
         plots(rows, mem)

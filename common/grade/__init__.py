@@ -14,7 +14,8 @@ raises, hangs or crashes fails that stage only. A stage's grade has two parts:
   ops and kernels checked). Calling the PyTorch op where a kernel was asked for, or
   patching torch or the harness, zeroes the stage.
 * performance (5 points, GPU only): speed against the PyTorch baseline, full points at
-  the stage's target ratio; also reported: time, speedup, roofline fraction (from the
+  the stage's target ratio (a stage timed at several shapes: the geometric mean of the
+  per-shape speedups); also reported: time, speedup, roofline fraction (from the
   stage's bytes and FLOPs and ceilings measured on this GPU), kernels and host
   transfers per call. On a machine without a GPU the report says "needs a GPU": no
   numbers are made up, and the maximum score counts correctness only.

@@ -42,6 +42,9 @@ class StageResult:
     flops: float | None = None
     bytes: float | None = None
     ceilings: dict | None = None
+    #: per timed shape (WorkerResult.cases); with several, ms / baseline_ms / flops / bytes above are
+    #: their sums and speedup (what is scored) the geometric mean of their speedups
+    cases: list[dict] = field(default_factory=list)
     score: float = 0.0
     max_score: float = CORRECT_POINTS
     seconds: float = 0.0
@@ -130,7 +133,11 @@ def gradescope(results: list[StageResult], seconds: float) -> dict:
                  f"trials passed: {r.trials_passed}/{r.trials_total}"]
         if r.worst_error is not None:
             lines.append(f"worst relative error {r.worst_error:.2e} (tolerance {r.tolerance:.0e})")
-        if r.ms is not None:
+        if r.ms is not None and len(r.cases) > 1:
+            lines.append(f"speed: {r.speedup:.2f}x {r.baseline}, the geometric mean over {len(r.cases)} shapes:")
+            lines += [f"  {c['label']}: {c['ms']:.4f} ms vs {c['baseline_ms']:.4f} ms ({c['speedup']:.2f}x), "
+                      f"{100 * c['roofline_fraction']:.0f}% of the {c['bound']} roofline" for c in r.cases]
+        elif r.ms is not None:
             lines.append(f"{r.perf_label}: {r.ms:.4f} ms vs {r.baseline} {r.baseline_ms:.4f} ms "
                          f"({r.speedup:.2f}x), {100 * r.roofline_fraction:.0f}% of the {r.bound} roofline")
         elif r.perf_note:

@@ -5,6 +5,7 @@ in the README's "How you are scored".
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 #: correctness points per stage
@@ -15,7 +16,8 @@ PERF_POINTS = 5.0
 TESTS_POINTS = CORRECT_POINTS / 2
 #: ... and the share given, all or nothing, when every one of the grader's trials passes
 TRIALS_POINTS = CORRECT_POINTS / 2
-#: the speed points are PERF_POINTS x min(PERF_CAP, speedup / the stage's perf_target)
+#: the speed points are PERF_POINTS x min(PERF_CAP, speedup / the stage's perf_target), where a stage
+#: timed at several shapes has for speedup the geometric mean of its per-shape speedups
 PERF_CAP = 1.0
 #: scores are rounded to this many decimals
 SCORE_DECIMALS = 2
@@ -37,7 +39,9 @@ How you are scored (per stage):
     the kernels that ran), or a submission that patches torch or the harness. Its numbers
     are right because PyTorch computed them, so no test it passes counts.
   speed, 5 points, GPU only: 5 x min(1, speedup / the stage's target) against the PyTorch
-    baseline, and only with all 10 correctness points. On a CPU-only machine the maximum is
+    baseline, and only with all 10 correctness points. Stages 4-7 are timed at a few shapes
+    (real GPT-2 shapes, an odd or unaligned one): their speedup is the geometric mean of the
+    per-shape speedups (baseline time / your time). On a CPU-only machine the maximum is
     10 per stage and the table has no timing columns.
   "correct" column: pass (all tests and trials), partial (trials passed, some test failed),
     fail, needs a GPU.
@@ -66,6 +70,14 @@ def correctness_points(tests_passed: int, tests_failed: int, trials: str, run_te
     if trials == NEEDS_GPU:  # CPU machine, GPU-only stage: its CPU tests only
         return CORRECT_POINTS * tests_frac
     return TESTS_POINTS * tests_frac + (TRIALS_POINTS if trials_ok else 0.0)
+
+
+def combined_speedup(speedups: list[float]) -> float:
+    """The speedup a stage timed at several shapes is scored by: the geometric mean of its
+    per-shape speedups (a 2x win on one shape and a 2x loss on another make 1x)."""
+    if not speedups or any(not x > 0 for x in speedups):
+        raise ValueError(f"speedups must be positive numbers, got {speedups}")
+    return math.exp(sum(math.log(x) for x in speedups) / len(speedups))
 
 
 def perf_points(speedup: float, perf_target: float) -> float:

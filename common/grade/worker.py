@@ -16,7 +16,7 @@ import sys
 import traceback
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .score import FAIL, NEEDS_GPU, PASS
+from .score import FAIL, NEEDS_GPU, PASS, combined_speedup
 
 #: the line of the worker's stdout that carries its result
 MARK = "@@GRADE-RESULT@@"
@@ -49,6 +49,10 @@ class WorkerResult:
     bytes: float | None = None
     ceilings: dict | None = None
     perf_target: float | None = None
+    #: one dict per timed shape (label, ms, baseline_ms, speedup, flops, bytes, bound,
+    #: roofline_fraction, timing, kernels_per_call, host_transfers_per_call); the fields above
+    #: sum them up (summarize): ``speedup``, what is scored, is their speedups' geometric mean
+    cases: list[dict] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=float)
@@ -96,7 +100,7 @@ def run_stage(impl: str, stage_key: str) -> WorkerResult:
     from common import HAS_CUDA, guard, kernel_check
     from common.impl import load as load_impl
     from common.profiling import profile
-    from common.stages import NeedsGPU, by_key, tensors
+    from common.stages import NeedsGPU, by_key, perf_cases, tensors
     from common.testing import rel_error
 
     stage = by_key(stage_key)
@@ -191,49 +195,71 @@ def run_stage(impl: str, stage_key: str) -> WorkerResult:
         res.perf_note = "not timed: correctness failed"
         return res
     try:
-        from common.roofline import Point
         from common.timing import bench, bench_graph
-        p = stage.perf(load)
-        expected = p.baseline()
-        err = rel_error(p.submission(), expected)
-        if not err <= p.tol:
-            res.correctness = FAIL
-            res.message = f"{p.label}: differs from {p.baseline_name} by relative error {err:.2e} at the timed size"
-            return res
+        cases, timed = perf_cases(stage, load), []
+        for p in cases:
+            expected = p.baseline()
+            err = rel_error(p.submission(), expected)
+            if not err <= p.tol:
+                res.correctness = FAIL
+                res.message = f"{p.label}: differs from {p.baseline_name} by relative error {err:.2e} at the timed size"
+                return res
 
-        def check(out):
-            e = rel_error(out, expected)
-            if not e <= p.tol:
-                raise _TimedCallWrong(f"{p.label}: the timed (graph-captured) call's output differs from "
-                                      f"{p.baseline_name} by relative error {e:.2e}")
-        # GPU time by CUDA-graph replay, for the submission and the baseline alike: launch
-        # and Python overhead and a busy CPU (other grading processes) stay out of it.
-        # Calls that cannot be captured are timed eagerly, and the report says so.
-        try:
-            ms = bench_graph(p.submission, check=check).median_ms
-            base = bench_graph(p.baseline).median_ms
-            res.timing = "cuda-graph replay"
-        except _TimedCallWrong as e:
-            res.correctness = FAIL
-            res.message = str(e)
-            return res
-        except Exception as e:  # noqa: BLE001
-            import torch
-            torch.cuda.synchronize()
-            ms, base = bench(p.submission).median_ms, bench(p.baseline).median_ms
-            res.timing = f"eager (graph capture failed: {type(e).__name__})"
-        rep = profile(p.submission, calls=3)
+            def check(out, p=p, expected=expected):
+                e = rel_error(out, expected)
+                if not e <= p.tol:
+                    raise _TimedCallWrong(f"{p.label}: the timed (graph-captured) call's output differs from "
+                                          f"{p.baseline_name} by relative error {e:.2e}")
+            # GPU time by CUDA-graph replay, for the submission and the baseline alike: launch
+            # and Python overhead and a busy CPU (other grading processes) stay out of it.
+            # Calls that cannot be captured are timed eagerly, and the report says so.
+            try:
+                ms = bench_graph(p.submission, check=check).median_ms
+                base = bench_graph(p.baseline).median_ms
+                how = "cuda-graph replay"
+            except _TimedCallWrong as e:
+                res.correctness = FAIL
+                res.message = str(e)
+                return res
+            except Exception as e:  # noqa: BLE001
+                import torch
+                torch.cuda.synchronize()
+                ms, base = bench(p.submission).median_ms, bench(p.baseline).median_ms
+                how = f"eager (graph capture failed: {type(e).__name__})"
+            rep = profile(p.submission, calls=3)
+            timed.append(dict(label=p.label, ms=ms, baseline_ms=base, flops=p.flops, bytes=p.bytes, timing=how,
+                              kernels_per_call=rep.n_kernels, host_transfers_per_call=rep.host_transfers))
         ceil = _ceilings()
-        from common.roofline import Ceilings
-        point = Point(p.label, p.flops, p.bytes, ms)
-        c = Ceilings(**ceil)
-        res = replace(res, ms=ms, baseline_ms=base, baseline=p.baseline_name, perf_label=p.label, speedup=base / ms,
-                      bound=point.bound(c), roofline_fraction=point.fraction(c), kernels_per_call=rep.n_kernels,
-                      host_transfers_per_call=rep.host_transfers, flops=p.flops, bytes=p.bytes, ceilings=ceil,
-                      perf_target=stage.perf_target)
+        res = replace(res, baseline=cases[0].baseline_name, ceilings=ceil, perf_target=stage.perf_target,
+                      **summarize(timed, ceil))
     except Exception as e:  # noqa: BLE001
         res.perf_note = f"timing failed: {type(e).__name__}: {e}"
     return res
+
+
+def summarize(cases: list[dict], ceilings: dict) -> dict:
+    """The :class:`WorkerResult` performance fields from the timed cases (each a dict of label, ms,
+    baseline_ms, flops, bytes, timing, kernels_per_call, host_transfers_per_call), pure: each case
+    gets its speedup, bound and roofline fraction; over all of them ``speedup``, what is scored,
+    is the geometric mean of the per-case speedups (score.combined_speedup); ms, baseline_ms,
+    flops and bytes are sums (the achieved rate is all the work over all the time), the roofline
+    point is that of the sums, kernels and host transfers per call the largest of any case."""
+    from common.roofline import Ceilings, Point
+    c = Ceilings(**ceilings)
+    done = []
+    for k in cases:
+        pt = Point(k["label"], k["flops"], k["bytes"], k["ms"])
+        done.append({**k, "speedup": k["baseline_ms"] / k["ms"], "bound": pt.bound(c),
+                     "roofline_fraction": pt.fraction(c)})
+    total = Point("all", sum(k["flops"] for k in done), sum(k["bytes"] for k in done), sum(k["ms"] for k in done))
+    label = done[0]["label"] if len(done) == 1 else \
+        f"geometric mean over {len(done)} shapes: " + "; ".join(k["label"] for k in done)
+    return dict(ms=total.ms, baseline_ms=sum(k["baseline_ms"] for k in done), perf_label=label,
+                speedup=combined_speedup([k["speedup"] for k in done]), bound=total.bound(c),
+                roofline_fraction=total.fraction(c), flops=total.flops, bytes=total.bytes,
+                kernels_per_call=max(k["kernels_per_call"] for k in done),
+                host_transfers_per_call=max(k["host_transfers_per_call"] for k in done),
+                timing="; ".join(dict.fromkeys(k["timing"] for k in done)), cases=done)
 
 
 class _TimedCallWrong(AssertionError):

@@ -4,6 +4,7 @@
 #   bash lectures/results/a07_run.sh full     # TMA-forward experiment, full benchmark, tests
 #   bash lectures/results/a07_run.sh final    # tests, full benchmark, autotuned benchmark at S=4096
 #   bash lectures/results/a07_run.sh bench    # full benchmark only
+# The real-shape sweep (bench.py --shapes real, issue #12): lectures/results/sweep_run.sh.
 set -u
 OUT=${OUT:-/tmp/a07_out}; mkdir -p "$OUT"
 export TORCH_EXTENSIONS_DIR=/tmp/ext

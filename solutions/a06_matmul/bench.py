@@ -4,11 +4,20 @@
     python -m solutions.a06_matmul.bench --quick    # fewer sizes
     python -m assignments.a06_matmul.bench --out /tmp/mine
     python -m solutions.a06_matmul.bench --impl path/to/submission
+    python -m solutions.a06_matmul.bench --shapes real   # the GEMMs GPT-2 runs (~3-4 minutes)
 
 Writes ``a06_matmul.md`` (tables, floors, the command), ``a06_matmul.csv`` and two plots
 (``a06_matmul_tflops.png``: TFLOP/s against size per version; ``a06_matmul_quantization.png``:
 the tile/wave-quantization sweep) to ``--out`` (default ``common.impl.results_dir``: lectures/results/ for
 solutions/, lectures/results/<impl folder>/ otherwise).
+
+``--shapes real`` times instead the GEMMs GPT-2 really runs (common.shapes: QKV, attention
+projection, MLP up and down, LM head of GPT-2 small to XL at 512 to 16384 tokens; decode-sized and
+odd token counts; unaligned cubes), bf16 and, for a subset, fp32 with TF32 against cuBLAS TF32:
+Triton, CUDA v7 (Hopper, K and N multiples of 8) and cuBLAS in the same run, and writes
+``a06_matmul_real_shapes.md`` (per-shape ratios to cuBLAS, the minimum and geometric mean per
+implementation, the floors), ``a06_matmul_real_shapes.csv`` and ``a06_matmul_real_shapes.png``.
+The grader's speed case for this stage is three of these shapes (common/stages.py).
 
 Timing: common.timing.bench (CUDA events through triton.testing.do_bench, median, L2
 flushed before every run), after a warm-up call; each kernel's output is checked against
@@ -28,9 +37,10 @@ from pathlib import Path
 
 import torch
 
-from common import is_hopper
+from common import DEVICE, is_hopper
 from common.impl import REPO, Impl, add_impl_argument, command_line, results_dir
 from common.roofline import matmul_flops
+from common.shapes import GPT2_MODELS, gpt2_gemms
 from common.testing import rel_error
 from common.timing import bench, bench_graph
 
@@ -46,6 +56,7 @@ GPT2 = {  # GPT-2 small, batch 8 x 1024 tokens: (M, K, N)
 }
 CSV_COLS = ["section", "shape", "M", "N", "K", "dtype", "impl", "ms", "tflops", "rel_err", "tiles", "eager_ms",
             "device", "sms"]
+REAL_COLS = CSV_COLS + ["ratio", "note"]   # --shapes real: the ratio to cuBLAS, why a kernel was skipped
 MAX_SIZE = {1: 2048, 2: 4096}  # the slowest versions stop early (seconds per call above)
 SM_TILE = 128  # v5 and Triton's sweep config both use 128x128 tiles
 
@@ -60,6 +71,8 @@ def _timed(fn, graph: bool = True) -> float:
     overhead of a call, tens of µs for a Triton launch, is not counted: kernel time);
     graph=False: common.timing.bench (eager calls)."""
     fn()
+    if not torch.cuda.is_available():   # the CPU smoke run (--tiny): wall clock, the CSV's device says cpu
+        return bench(fn).median_ms
     torch.cuda.synchronize()
     return (bench_graph(fn) if graph else bench(fn)).median_ms
 
@@ -105,29 +118,34 @@ def probe_cuda(impl: Impl, versions: list[int]) -> tuple[list[int], dict[int, st
 
 # ------------------------------------------------------------------ measurement
 class Runner:
-    def __init__(self, impl: Impl, cuda_versions: list[int], csv_path: Path | None = None):
-        self.csv_path = csv_path
-        self.device = torch.cuda.get_device_name()
-        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+    def __init__(self, impl: Impl, cuda_versions: list[int], csv_path: Path | None = None, cols=CSV_COLS):
+        self.csv_path, self.cols = csv_path, cols
+        gpu = torch.cuda.is_available()
+        self.device = torch.cuda.get_device_name() if gpu else "cpu (Triton interpreter)"
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count if gpu else 0
         self.tri = impl.load(f"{STAGE}.matmul_triton")
         self.cu = impl.load(f"{STAGE}.matmul_cuda") if cuda_versions else None
         self.versions = cuda_versions
+        self.v7_missing = "" if 7 in cuda_versions else "not available"   # --shapes real: why v7 is not timed
         self.rows: list[dict] = []
 
     def add(self, section, shape_name, m, n, k, dtype, impl, ms, err=float("nan"), **extra):
         row = dict(section=section, shape=shape_name, M=m, N=n, K=k, dtype=str(dtype).replace("torch.", ""),
                    impl=impl, ms=ms, tflops=tflops(m, n, k, ms) if ms == ms else float("nan"), rel_err=err,
-                   tiles=extra.get("tiles", ""), eager_ms=extra.get("eager_ms", ""), device=self.device, sms=self.sms)
+                   tiles="", eager_ms="", device=self.device, sms=self.sms)
+        row.update(extra)
         self.rows.append(row)
         if self.csv_path is not None:  # append as we go: a run cut short still leaves its numbers
             new = not self.csv_path.exists()
             with open(self.csv_path, "a", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=CSV_COLS, extrasaction="ignore")
+                w = csv.DictWriter(f, fieldnames=self.cols, extrasaction="ignore")
                 if new:
                     w.writeheader()
                 w.writerow(row)
+        more = f"  {extra['ratio']:.2f}x cuBLAS" if extra.get("ratio", "") != "" else ""
+        more += f"  {extra['note']}" if extra.get("note") else ""
         print(f"{section:>9} {shape_name:>26} {row['dtype']:>8} {impl:>22} {ms:9.4f} ms {row['tflops']:8.1f} TFLOP/s"
-              f"  err {err:.1e}", flush=True)
+              f"  err {err:.1e}{more}", flush=True)
 
     def gemm_set(self, section: str, name: str, m: int, n: int, k: int, dtype: torch.dtype, versions):
         a = torch.randn(m, k, device="cuda").to(dtype)
@@ -199,6 +217,202 @@ class Runner:
                      rel_error(fn(), ref), eager_ms=_timed(fn, graph=False))
             del x, w, bias
 
+    def real(self, section: str, name: str, m: int, k: int, n: int, dtype: torch.dtype):
+        """One real shape x [m, k] @ W [k, n]: cuBLAS, then each kernel checked against it and timed,
+        with its ratio to cuBLAS (cuBLAS time / kernel time: above 1 is faster). fp32 runs TF32 on
+        both sides (Triton's default, cuBLAS with allow_tf32)."""
+        a = torch.randn(m, k, device=DEVICE).to(dtype)
+        b = torch.randn(k, n, device=DEVICE).to(dtype)
+        tf32 = dtype == torch.float32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            ref = torch.matmul(a, b)
+            base = _timed(lambda: torch.matmul(a, b))
+            self.add(section, name, m, n, k, dtype, "cuBLAS tf32" if tf32 else "cuBLAS", base)
+            kernels = {"Triton tf32" if tf32 else "Triton": lambda: self.tri.matmul(a, b)}
+            if not tf32:
+                why = self.v7_missing or ("v7 (TMA) needs K and N multiples of 8" if n % 8 or k % 8 else "")
+                if why:
+                    self.add(section, name, m, n, k, dtype, "CUDA v7", float("nan"), note=f"skipped: {why}")
+                else:
+                    out = torch.empty(m, n, device=DEVICE, dtype=dtype)
+                    kernels["CUDA v7"] = lambda: self.cu.matmul(a, b, 7, out=out)
+            for label, fn in kernels.items():
+                err = rel_error(fn(), ref)
+                if not err <= REAL_TOL:   # a wrong output is not timed: it fails its floor
+                    self.add(section, name, m, n, k, dtype, label, float("nan"), err,
+                             note=f"WRONG: relative error {err:.1e} to cuBLAS > {REAL_TOL:.0e}")
+                    continue
+                ms = _timed(fn)
+                self.add(section, name, m, n, k, dtype, label, ms, err, ratio=base / ms)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            del a, b
+
+
+# ------------------------------------------------------------------ real shapes (--shapes real)
+#: (GPT-2 size, tokens B·T): every size at 8192 tokens, small and XL at more token counts. Each new
+#: shape costs one Triton autotune (~1-2 s on the H100): 40 GEMMs here.
+REAL_GPT2 = [("small", 512), ("small", 2048), ("small", 8192), ("small", 16384), ("medium", 8192),
+             ("large", 8192), ("xl", 2048), ("xl", 8192)]
+#: GPT-2 small at decode-sized and odd token counts (one to 64 sequences decoding; prompts one
+#: token short of or past a power of two), three of its GEMMs: 18 shapes.
+REAL_DECODE_T = (1, 8, 64, 511, 1023, 4097)
+REAL_DECODE_GEMMS = ("qkv", "mlp-down", "lm-head")
+#: Unaligned cubes, (M, K, N): rows of 1793 or 4097 bf16 are not a multiple of 16 bytes.
+REAL_CUBES = {"1793^3": (1793, 1793, 1793), "4097^3": (4097, 4097, 4097), "3000x1000x777": (3000, 1000, 777)}
+#: fp32 (TF32) for a subset: GPT-2 small's GEMMs at 2048 tokens and one unaligned cube.
+REAL_FP32 = {("gpt2", f"small {g} T=2048") for g in ("qkv", "attn-proj", "mlp-up", "mlp-down", "lm-head")} | {
+    ("cube", "1793^3")}
+#: each kernel's output against cuBLAS's before it is timed (bf16 outputs: ~4e-3 apart when right)
+REAL_TOL = 2e-2
+#: The floors of issue #12: (kernel, dtype, its baseline, floor), judged at the GPT-2 shapes.
+REAL_FLOORS = [("Triton", "bfloat16", "cuBLAS", 0.85), ("Triton tf32", "float32", "cuBLAS tf32", 0.8),
+               ("CUDA v7", "bfloat16", "cuBLAS", 0.8)]
+REAL_SECTIONS = {"gpt2": "GPT-2 shapes (512-16384 tokens)", "decode": "GPT-2 small, decode-sized and odd T",
+                 "cube": "unaligned cubes"}
+
+
+def real_shapes(tiny: bool = False) -> list[tuple[str, str, int, int, int, tuple[torch.dtype, ...]]]:
+    """The sweep: (section, name, M, K, N, dtypes) per shape. ``tiny``: three small shapes that
+    run in seconds under the Triton interpreter (a CPU check of the code path, no numbers)."""
+    both, bf16 = (torch.bfloat16, torch.float32), (torch.bfloat16,)
+    if tiny:
+        return [("gpt2", "tiny qkv T=24", 24, 16, 48, both), ("decode", "tiny lm-head T=1", 1, 16, 40, bf16),
+                ("cube", "17^3", 17, 17, 17, bf16)]
+    out = []
+    for model, t in REAL_GPT2:
+        for g, (m, k, n) in gpt2_gemms(GPT2_MODELS[model][0], t).items():
+            out.append(("gpt2", f"{model} {g} T={t}", m, k, n))
+    for t in REAL_DECODE_T:
+        for g, (m, k, n) in gpt2_gemms(GPT2_MODELS["small"][0], t).items():
+            if g in REAL_DECODE_GEMMS:
+                out.append(("decode", f"small {g} T={t}", m, k, n))
+    out += [("cube", name, m, k, n) for name, (m, k, n) in REAL_CUBES.items()]
+    return [(sec, name, m, k, n, both if (sec, name) in REAL_FP32 else bf16) for sec, name, m, k, n in out]
+
+
+def _ratio(r: dict) -> float:
+    """A row's ratio to cuBLAS; NaN for cuBLAS itself and for a kernel skipped or not timed."""
+    x = r.get("ratio", "")
+    return float("nan") if x == "" else x
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x" if v == v else "-"
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def real_summary(rows: list[dict], impl: str, dtype: str, sections) -> dict:
+    """Ratios to cuBLAS of one kernel over the shapes of ``sections``: the minimum (and where),
+    the geometric mean, how many were timed, wrong (failed the check) or skipped."""
+    rs = [r for r in rows if r["impl"] == impl and r["dtype"] == dtype and r["section"] in sections]
+    timed = [r for r in rs if _ratio(r) == _ratio(r)]
+    wrong = [r for r in rs if str(r.get("note", "")).startswith("WRONG")]
+    low = min(timed, key=lambda r: r["ratio"], default=None)
+    return dict(n=len(timed), wrong=len(wrong), skipped=len(rs) - len(timed) - len(wrong),
+                min=low["ratio"] if low else float("nan"), at=low["shape"] if low else "",
+                geomean=_geomean([r["ratio"] for r in timed]),
+                skip_note=next((r["note"] for r in rs if str(r.get("note", "")).startswith("skipped")), ""))
+
+
+def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
+    """a06_matmul_real_shapes.md and .png from the rows of a --shapes real run."""
+    out.mkdir(parents=True, exist_ok=True)
+    dev = rows[0]["device"]
+    md = [f"# Assignment 6: matmul at the shapes GPT-2 runs, on {dev}", "",
+          f"Made by `{cmd}` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC "
+          f"({versions or f'torch {torch.__version__}'}). Ratio = cuBLAS time / kernel time (above 1: faster "
+          "than cuBLAS), both timed in the same run by CUDA-graph replay (CUDA events, median, L2 flushed "
+          "before each run). Every kernel's output was compared with cuBLAS's before it was timed "
+          f"(relative error <= {REAL_TOL:.0e}, else it is marked WRONG, not timed, and fails its floor). "
+          "fp32 runs TF32 on both sides (cuBLAS with allow_tf32). Shapes are x [M, K] @ W [K, N] "
+          "(common.shapes.gpt2_gemms: QKV [T, d]x[d, 3d], attn-proj [T, d]x[d, d], MLP-up [T, d]x[d, 4d], "
+          "MLP-down [T, 4d]x[4d, d], LM-head [T, d]x[d, 50257]).", ""]
+    if dev.startswith("cpu"):
+        md += ["**CPU smoke run (Triton interpreter, wall-clock times): these numbers say nothing about "
+               "speed.**", ""]
+    md += ["## Floors (issue #12), judged at the GPT-2 shapes", "",
+           "| kernel | dtype | vs | floor | shapes timed | min ratio | at | geomean | |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for impl, dt, base, need in REAL_FLOORS:
+        s = real_summary(rows, impl, dt, ("gpt2",))
+        if s["n"] == 0 and not s["wrong"]:
+            verdict = f"not measured ({s['skip_note'] or 'no rows'})"
+        else:
+            verdict = "met" if s["wrong"] == 0 and s["min"] >= need else "**NOT met**"
+            if s["wrong"]:
+                verdict += f" ({s['wrong']} wrong outputs)"
+        md.append(f"| {impl} | {dt} | {base} | {need:.2f}x | {s['n']} | {_x(s['min'])} | {s['at']} | "
+                  f"{_x(s['geomean'])} | {verdict} |")
+    md += ["", "## Minimum and geometric mean of the ratio to cuBLAS, per kernel, dtype and shape set", "",
+           "| kernel | dtype | shapes | timed | wrong | skipped | min ratio | at | geomean |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for impl, dt, _, _ in REAL_FLOORS:
+        for secs, label in [((k,), v) for k, v in REAL_SECTIONS.items()] + [(tuple(REAL_SECTIONS), "all")]:
+            s = real_summary(rows, impl, dt, secs)
+            if s["n"] or s["wrong"] or s["skipped"]:
+                md.append(f"| {impl} | {dt} | {label} | {s['n']} | {s['wrong']} | {s['skipped']} | {_x(s['min'])} | "
+                          f"{s['at']} | {_x(s['geomean'])} |")
+    for dt, base, kernels in (("bfloat16", "cuBLAS", ("Triton", "CUDA v7")),
+                              ("float32", "cuBLAS tf32", ("Triton tf32",))):
+        rs = [r for r in rows if r["dtype"] == dt]
+        if not rs:
+            continue
+        md += ["", f"## Per shape, {dt} (TFLOP/s, ratio to {base})", "",
+               "| set | shape | M | K | N | " + base + " | " + " | ".join(f"{k} | ratio" for k in kernels) + " |",
+               "|---" * (6 + 2 * len(kernels)) + "|"]
+        for sec, shape in dict.fromkeys((r["section"], r["shape"]) for r in rs):
+            rr = {r["impl"]: r for r in rs if r["section"] == sec and r["shape"] == shape}
+            b = rr.get(base)
+            if b is None:
+                continue
+            cells = []
+            for k in kernels:
+                r = rr.get(k)
+                if r is None:
+                    cells += ["", ""]
+                elif _ratio(r) != _ratio(r):
+                    cells += [r.get("note", ""), ""]
+                else:
+                    cells += [f"{r['tflops']:.1f}", f"{r['ratio']:.2f}x"]
+            md.append(f"| {sec} | {shape} | {b['M']} | {b['K']} | {b['N']} | {b['tflops']:.1f} | "
+                      + " | ".join(cells) + " |")
+    (out / "a06_matmul_real_shapes.md").write_text("\n".join(md) + "\n")
+    _plot_real(rows, out, dev)
+
+
+def _plot_real(rows: list[dict], out: Path, dev: str):
+    """a06_matmul_real_shapes.png: the ratio to cuBLAS per shape, one series per kernel, the floors."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[bench] matplotlib missing: no plot", file=sys.stderr)
+        return
+    keys = list(dict.fromkeys((r["dtype"], r["shape"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.22 * len(keys)), 5.5))
+    for (impl, dt, _, need), color in zip(REAL_FLOORS, ("tab:blue", "tab:orange", "tab:green")):
+        pts = [(keys.index((r["dtype"], r["shape"])), r["ratio"]) for r in rows
+               if r["impl"] == impl and r["dtype"] == dt and _ratio(r) == _ratio(r)]
+        if pts:
+            ax.plot(*zip(*pts), ls="", marker="o", ms=4, color=color, label=f"{impl} {dt}")
+        ax.axhline(need, color=color, ls="--", lw=1, label=f"floor {need:.2f}x ({impl} {dt})")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{s} {'fp32' if d == 'float32' else 'bf16'}" for d, s in keys], rotation=90, fontsize=6)
+    ax.set_ylabel("cuBLAS time / kernel time")
+    ax.set_title(f"Matmul at GPT-2's shapes vs cuBLAS on {dev}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "a06_matmul_real_shapes.png", dpi=110)
+    plt.close(fig)
+
 
 # ------------------------------------------------------------------ report
 def _table(rows, key_col, impls, fmt="{:.1f}", val="tflops"):
@@ -229,6 +443,8 @@ def load_csv(path: Path) -> list[dict]:
                 r[c] = float(r[c])
             r["tiles"] = int(r["tiles"]) if r["tiles"] else ""
             r["eager_ms"] = float(r["eager_ms"]) if r.get("eager_ms") else ""
+            if "ratio" in r:
+                r["ratio"] = float(r["ratio"]) if r["ratio"] else ""
             rows.append(r)
     return rows
 
@@ -383,13 +599,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--report-only", metavar="CMD", default=None,
                     help="rebuild the .md and plots from --out's CSV (no GPU needed); CMD is the command that made it")
+    ap.add_argument("--shapes", choices=("square", "real"), default="square",
+                    help="real: the GEMMs GPT-2 runs against cuBLAS (a06_matmul_real_shapes.*), nothing else")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # --shapes real, 3 tiny shapes: a CPU check
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available() and not args.report_only:
+    if not torch.cuda.is_available() and not (args.report_only or args.tiny):
         sys.exit("bench.py times kernels on a CUDA GPU; this machine has none")
     impl = Impl.get(args.impl)
     out = args.out or results_dir(impl)
     cmd = command_line(__spec__.name if __spec__ else __name__, argv)
     versions = [int(v) for v in args.versions.split(",") if v.strip()]
+    if args.shapes == "real" or args.tiny:
+        main_real(impl, out, cmd, 7 in versions, args.report_only, args.tiny)
+        return
     csv_path = out / "a06_matmul.csv"
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
@@ -420,6 +642,32 @@ def main(argv: list[str] | None = None) -> None:
     report(run.rows, out, cmd, bad, note, f"torch {torch.__version__}, triton {triton.__version__}")
     print(f"[bench] wrote {out}/a06_matmul.md, .csv and plots")
     print((out / "a06_matmul.md").read_text())
+
+
+def main_real(impl: Impl, out: Path, cmd: str, v7: bool, report_only: str | None, tiny: bool) -> None:
+    """--shapes real: every shape of real_shapes(), its report and plot."""
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "a06_matmul_real_shapes.csv"
+    if report_only:
+        report_real(load_csv(csv_path), out, report_only)
+        return
+    csv_path.unlink(missing_ok=True)
+    why = "" if v7 else "not asked for (--versions)"
+    if v7 and not is_hopper():
+        why = "needs an sm_90 GPU (TMA + wgmma)"
+    elif v7:
+        _, bad = probe_cuda(impl, [7])
+        why = f"failed its probe: {bad[7]}" if 7 in bad else ""
+    run = Runner(impl, [] if why else [7], csv_path, cols=REAL_COLS)
+    run.v7_missing = why
+    torch.manual_seed(0)
+    for section, name, m, k, n, dtypes in real_shapes(tiny):
+        for dt in dtypes:
+            run.real(section, name, m, k, n, dt)
+    import triton
+    report_real(run.rows, out, cmd, f"torch {torch.__version__}, triton {triton.__version__}")
+    print(f"[bench] wrote {out}/a06_matmul_real_shapes.md, .csv and .png")
+    print((out / "a06_matmul_real_shapes.md").read_text())
 
 
 if __name__ == "__main__":
