@@ -43,7 +43,7 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:12]
 
 
-def load_op(name: str, sources: Sequence[str | Path], *, namespace: str,
+def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name: str | None = None,
             extra_cuda_cflags: Sequence[str] = (), fast_math: bool = False, verbose: bool = False) -> str:
     """Build (or reuse) an extension that registers torch operators; return its build name.
 
@@ -51,9 +51,12 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str,
     indirection ``#define COURSE_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)`` (so the macro
     ``COURSE_NS`` is expanded); ``namespace`` is passed as ``-DCOURSE_NS=<namespace>``
     (use ``common.impl.op_namespace(__name__)``). Call the ops as
-    ``getattr(torch.ops, namespace).<op>``. Raises RuntimeError without a CUDA GPU.
+    ``getattr(torch.ops, namespace).<op>``. ``op_name``, for sources that register one op
+    under a name the caller chooses, is passed as ``-DCOURSE_OP_NAME=<op_name>`` (stage 4:
+    ``fused_gelu`` or, for the ``fast_math`` (``--use_fast_math``) build, ``fused_gelu_fast``).
+    Raises RuntimeError without a CUDA GPU.
     """
-    key = (name, namespace, tuple(map(str, sources)), tuple(extra_cuda_cflags), fast_math)
+    key = (name, namespace, op_name, tuple(map(str, sources)), tuple(extra_cuda_cflags), fast_math)
     if key in _LOADED:
         return _LOADED[key]
     import torch
@@ -62,8 +65,8 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str,
         raise RuntimeError(f"{name}: building and running a CUDA op needs a CUDA GPU "
                            "(on a CPU-only machine use compile_check to check the sources)")
     sources = [Path(s) for s in sources]
-    ns_flag = f"-DCOURSE_NS={namespace}"
-    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", ns_flag, *extra_cuda_cflags]
+    defines = [f"-DCOURSE_NS={namespace}"] + ([f"-DCOURSE_OP_NAME={op_name}"] if op_name else [])
+    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", *defines, *extra_cuda_cflags]
     if fast_math:
         flags.append("--use_fast_math")
     build_name = f"{name}_{_digest(sources, flags)}"
@@ -74,7 +77,7 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str,
         print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
               file=sys.stderr, flush=True)
     load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags,
-         extra_cflags=["-O3", "-std=c++17", ns_flag], build_directory=str(build_dir),
+         extra_cflags=["-O3", "-std=c++17", *defines], build_directory=str(build_dir),
          is_python_module=False, verbose=verbose)
     _LOADED[key] = build_name
     return build_name

@@ -26,6 +26,20 @@ class Timing:
         return f"{self.median_ms:.4f} ms{label}"
 
 
+#: How long the course's autotuners time each candidate config: 5 ms of warm-up and 25 ms of runs
+#: (Triton's default, 25 + 100 ms, spends over a second per new shape on a handful of configs:
+#: most of a cold test run went there). 25 ms is still hundreds of runs of a kernel of tens of
+#: microseconds and ten or more of a millisecond-long one, enough to rank configs.
+AUTOTUNE_WARMUP_MS, AUTOTUNE_REP_MS = 5, 25
+
+
+def autotune_bench(kernel_call: Callable[[], object], quantiles) -> list[float]:
+    """The timer for ``triton.autotune(..., do_bench=autotune_bench)``: CUDA events through
+    ``triton.testing.do_bench`` (L2 flushed between runs), AUTOTUNE_WARMUP_MS + AUTOTUNE_REP_MS."""
+    import triton
+    return triton.testing.do_bench(kernel_call, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS, quantiles=quantiles)
+
+
 def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> Timing:
     """Median time of ``fn()`` in ms. GPU: CUDA events via do_bench; CPU: perf_counter."""
     if torch.cuda.is_available():

@@ -4,8 +4,10 @@
 // for the --use_fast_math build), is defined from Python in fused_gelu.py together with
 // its fake (meta) implementation, so torch.compile can trace the op on a machine that
 // never built this file. Here we only register the CUDA kernel for it with
-// TORCH_LIBRARY_IMPL. COURSE_NS (the impl's namespace, e.g. course_solutions) comes
-// from common.cuda_ext.load_op as -DCOURSE_NS=...; the extra macro level expands it.
+// TORCH_LIBRARY_IMPL. COURSE_NS (the impl's namespace, e.g. course_solutions) and
+// COURSE_OP_NAME (fused_gelu, or fused_gelu_fast for the --use_fast_math build: fused_gelu.py's
+// OP_NAMES) come from common.cuda_ext.load_op as -DCOURSE_NS=... -DCOURSE_OP_NAME=...; the
+// extra macro levels expand them.
 //
 // Only device-generic c10 headers are used (c10::DeviceGuard, the current stream through
 // the device-guard interface, i.e. what at::cuda::getCurrentCUDAStream() returns), so
@@ -20,11 +22,15 @@
 #ifndef COURSE_NS
 #define COURSE_NS course
 #endif
+#ifndef COURSE_OP_NAME
+#define COURSE_OP_NAME fused_gelu
+#endif
 #define COURSE_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+#define COURSE_STR_(x) #x
+#define COURSE_STR(x) COURSE_STR_(x)
 
 // From gelu_kernel.cu.
 cudaError_t course_gelu_launch(const void* x, void* y, int64_t n, int dtype, cudaStream_t stream);
-const char* course_gelu_op_name();
 
 static at::Tensor fused_gelu_cuda(const at::Tensor& x) {
   TORCH_CHECK(x.is_cuda(), "fused_gelu: expected a CUDA tensor, got one on ", x.device());
@@ -48,4 +54,4 @@ static at::Tensor fused_gelu_cuda(const at::Tensor& x) {
   return y;
 }
 
-COURSE_LIBRARY_IMPL(COURSE_NS, CUDA, m) { m.impl(course_gelu_op_name(), TORCH_FN(fused_gelu_cuda)); }
+COURSE_LIBRARY_IMPL(COURSE_NS, CUDA, m) { m.impl(COURSE_STR(COURSE_OP_NAME), TORCH_FN(fused_gelu_cuda)); }

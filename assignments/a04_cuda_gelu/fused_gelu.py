@@ -36,7 +36,7 @@ from common.impl import op_namespace
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "gelu_kernel.cu", HERE / "binding.cpp")
 NS = op_namespace(__name__)
-#: Op name per build: the --use_fast_math build registers its own op.
+#: Op name per build: the --use_fast_math build registers its own op (load_op passes the name to binding.cpp).
 OP_NAMES = {False: "fused_gelu", True: "fused_gelu_fast"}
 
 _lib = torch.library.Library(NS, "FRAGMENT")  # keep a reference: dropping it unregisters
@@ -62,8 +62,7 @@ for _name in OP_NAMES.values():
 def build(fast_math: bool = False) -> None:
     """Build (first time on a machine: about a minute) or load the CUDA extension; after
     the first call in a process, a dictionary lookup (common.cuda_ext.load_op)."""
-    load_op("a04_cuda_gelu_fast" if fast_math else "a04_cuda_gelu", SOURCES, namespace=NS,
-            extra_cuda_cflags=("-DCOURSE_GELU_FAST_MATH",) if fast_math else (), fast_math=fast_math)
+    load_op(f"a04_{OP_NAMES[fast_math]}", SOURCES, namespace=NS, op_name=OP_NAMES[fast_math], fast_math=fast_math)
 
 
 def op(fast_math: bool = False):

@@ -110,13 +110,3 @@ cudaError_t course_gelu_launch(const void* x, void* y, int64_t n, int dtype, cud
     default: return cudaErrorInvalidValue;
   }
 }
-
-// The operator this build implements: the --use_fast_math build (compiled with
-// -DCOURSE_GELU_FAST_MATH) registers a second op, so both can live in one process.
-const char* course_gelu_op_name() {
-#ifdef COURSE_GELU_FAST_MATH
-  return "fused_gelu_fast";
-#else
-  return "fused_gelu";
-#endif
-}

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET
 from common.checks import check_same, check_tensor
+from common.timing import autotune_bench
 
 ACTIVATIONS = (None, "gelu_tanh")
 #: Fixed config used by the tile-quantization sweep: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
@@ -171,6 +172,8 @@ _matmul_autotuned = triton.autotune(
     configs=_configs(),
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION", "FAST_TANH"],  # tensor dtypes are added by Triton
     prune_configs_by={"early_config_prune": _prune},
+    do_bench=autotune_bench,  # the course's shorter timer per config (common/timing.py)
+    cache_results=True,       # a key tuned once on this machine is read from Triton's cache after that
 )(triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(matmul_kernel))
 
 
