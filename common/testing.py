@@ -119,6 +119,17 @@ def torch_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
 
 
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` (differentiable) as the yardstick of :func:`calibrated_tol`
+    for attention, with stage 7's bottom-right causal mask: ``is_causal=True`` aligns top-left when
+    Nq != Nk, ``torch.nn.attention.bias.causal_lower_right`` bottom-right (SDPA's fused kernels both)."""
+    import torch.nn.functional as F
+    if not is_causal or q.shape[-2] == k.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    from torch.nn.attention.bias import causal_lower_right
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[-2], k.shape[-2]))
+
+
 def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, *,
                                 dtype: torch.dtype, name: str = "output", c: float | None = None,
                                 scale: torch.Tensor | None = None) -> float:
@@ -136,7 +147,7 @@ def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out:
         f"{name}: relative error {err:.2e} vs float64 is {err / max(base, 1e-300):.1f}x PyTorch's own error "
         f"({base:.2e}) in {str(dtype).replace('torch.', '')} on the same inputs; allowed: "
         f"{CALIBRATION[dtype] if c is None else c:g}x PyTorch or {ERROR_FLOOR[dtype]:.0e}, whichever is larger "
-        f"(rounding an fp32 accumulator to 16 bits inside the K loop costs this much)")
+        f"(rounding an fp32 accumulator to 16 bits inside the K or key-tile loop costs this much)")
     return err
 
 

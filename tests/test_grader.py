@@ -157,7 +157,8 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     """What the trials are made of (built, not run): every stage with tensor trials repeats an
     earlier trial's shapes, the GELU stages always draw fp32 (only its 1e-5 tells the erf GELU from
     the tanh GELU), the matmul stage draws long K against torch.matmul's own error, and stage 7a
-    has a one-tile-at-a-time trial; each trial carries the Forbidden of common.kernel_check."""
+    has a one-tile-at-a-time trial, 7b long Nk against SDPA's own error; each trial carries the
+    Forbidden of common.kernel_check."""
     import random
 
     from common import kernel_check
@@ -178,6 +179,9 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     a07 = trials("a07")
     assert any("one tile at a time" in t.name for t in a07)
     assert {t.forbid for t in a07} == {kernel_check.ATTENTION_TILED, kernel_check.ATTENTION_KERNEL}
+    long_o = [t for t in a07 if "fwd O, long Nk" in t.name]    # Triton's O against SDPA's own error
+    assert long_o and all(t.tol < REL_TOL[torch.bfloat16] for t in long_o), [(t.name, t.tol) for t in long_o]
+    assert any("dQ dK dV, long Nk" in t.name for t in a07)
 
 
 def test_crash_and_hang_fail_only_their_stage(tmp_path):
