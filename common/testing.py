@@ -141,6 +141,9 @@ def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out:
     assert tuple(out.shape) == tuple(ref.shape), (
         f"{name}: shape {tuple(out.shape)} but the reference has shape {tuple(ref.shape)}")
     assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    bad = (~torch.isfinite(out) & torch.isfinite(ref.to(out.device))).sum().item()
+    assert bad == 0, (f"{name}: {bad} of {out.numel()} values are NaN or inf where the float64 reference "
+                      "is finite (an output never written, or an overflow)")
     err, base = rel_error(out, ref, scale), rel_error(torch_out, ref, scale)
     tol = calibrated_tol(base, dtype, c)
     assert err <= tol, (
