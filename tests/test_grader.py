@@ -13,6 +13,10 @@ import torch
 from common.impl import REPO
 
 GRADE = [sys.executable, "-m", "common.grade"]
+# Each of these grades a whole tree in subprocesses (10-75 s apiece on a GPU, where timing runs):
+# a slow course self-check like the mutation checks, so it runs with --mutants (make test, CI)
+# and a plain `pytest` on a GPU machine leaves it out. The unmarked tests here are fast.
+SELF_CHECK = pytest.mark.mutants
 
 
 def _submission(tmp_path, edits: dict[str, list[tuple[str, str]]]):
@@ -57,6 +61,7 @@ def _validate_gradescope(doc: dict) -> None:
         assert isinstance(row["name"], str) and isinstance(row["value"], (int, float, str))
 
 
+@SELF_CHECK
 def test_solutions_full_marks_and_gradescope_format(tmp_path):
     report, gs, table = _grade("solutions", tmp_path, "a01,a02,a03")
     _validate_gradescope(gs)
@@ -65,6 +70,7 @@ def test_solutions_full_marks_and_gradescope_format(tmp_path):
     assert "a03_fused_linear" in table and "total" in table
 
 
+@SELF_CHECK
 def test_stubs_fail_without_crashing(tmp_path):
     report, gs, table = _grade("assignments", tmp_path, "a01,a02")
     _validate_gradescope(gs)
@@ -74,6 +80,7 @@ def test_stubs_fail_without_crashing(tmp_path):
     assert len(rows) == 2 and all(ln.endswith("not implemented yet") for ln in rows), table
 
 
+@SELF_CHECK
 def test_unwritten_output_is_not_implemented(tmp_path):
     """A stub that launches a kernel which writes nothing: its torch.empty output is NaN-filled
     in the trials, so the note says "not implemented yet", not "relative error inf"."""
@@ -102,6 +109,7 @@ def test_cpu_table_has_no_timing_columns():
     assert "not implemented yet" in text and "x" * 300 in text and "partial" in text, text
 
 
+@SELF_CHECK
 def test_failed_test_is_not_a_pass(tmp_path):
     """A weight copied per call: every trial passes, a test fails. The score is 9.8x/10 and
     the label says "partial", not "pass"."""
@@ -113,6 +121,7 @@ def test_failed_test_is_not_a_pass(tmp_path):
     assert st["correctness"] == "partial" and 9.5 < st["score"] < 10, table
 
 
+@SELF_CHECK
 def test_calling_the_torch_op_is_caught(tmp_path):
     """A bias 'kernel' that is really torch arithmetic passes the values but not the grader."""
     sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [(
@@ -123,6 +132,7 @@ def test_calling_the_torch_op_is_caught(tmp_path):
     assert st["score"] == 0 and any("aten.add" in v for v in st["violations"]), table
 
 
+@SELF_CHECK
 def test_patching_torch_is_caught(tmp_path):
     sub = _submission(tmp_path, {"a02_pretransposed_linear/pretransposed_linear.py": [(
         "from torch import nn\n", "from torch import nn\n\ntorch.matmul = torch.matmul.__call__\n")]})
@@ -131,6 +141,7 @@ def test_patching_torch_is_caught(tmp_path):
     assert st["score"] == 0 and any("torch.matmul" in v for v in st["violations"]), table
 
 
+@SELF_CHECK
 def test_hard_coded_output_is_caught(tmp_path):
     """Outputs cached from one input fail on the grader's fresh inputs and shapes."""
     sub = _submission(tmp_path, {"a02_pretransposed_linear/pretransposed_linear.py": [(
@@ -140,6 +151,7 @@ def test_hard_coded_output_is_caught(tmp_path):
     assert report["stages"][0]["correctness"] == "fail", table
 
 
+@SELF_CHECK
 def test_outputs_memoised_per_shape_are_caught(tmp_path):
     """A cache keyed by shape never hits on fresh shapes: each stage's trials end with the shapes of
     an earlier trial again and new values, so the grader alone (no tests) rejects it."""
@@ -184,6 +196,7 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     assert any("dQ dK dV, long Nk" in t.name for t in a07)
 
 
+@SELF_CHECK
 def test_crash_and_hang_fail_only_their_stage(tmp_path):
     sub = _submission(tmp_path, {
         "a02_pretransposed_linear/pretransposed_linear.py": [("import torch\n", "import os\nimport torch\nos._exit(3)\n")],
@@ -198,6 +211,7 @@ def test_crash_and_hang_fail_only_their_stage(tmp_path):
     assert a02["score"] == a03["score"] == 0 and a01["score"] == a01["max_score"], table  # trials alone carry the score
 
 
+@SELF_CHECK
 def test_a_crashing_test_is_named(tmp_path):
     """A test that kills pytest (an abort, a segfault in an extension) is reported by name and signal."""
     sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [
@@ -210,6 +224,7 @@ def test_a_crashing_test_is_named(tmp_path):
     assert msg.startswith("crashed with SIGABRT (signal 6)"), table      # the grader's own trials too
 
 
+@SELF_CHECK
 @pytest.mark.parametrize("flag", ["--json"])
 def test_json_output(tmp_path, flag):
     r = subprocess.run([*GRADE, "--impl", "solutions", "--stages", "a01", flag, "--no-tests"], cwd=REPO,
@@ -235,6 +250,7 @@ def test_plots_from_gpu_numbers(tmp_path):
     assert plots([StageResult("a01_roundtrip_linear", "z")], tmp_path / "none") == []  # no GPU numbers, no plots
 
 
+@SELF_CHECK
 def test_many_submissions(tmp_path):
     """An instructor's batch: one results.json per submission, graded in parallel."""
     subs = tmp_path / "subs"
@@ -273,6 +289,7 @@ def test_graph_timing_checks_what_it_times():
         bench_graph(lambda: cached, check=check)
 
 
+@SELF_CHECK
 def test_a08_trials_pass_the_solution_and_fail_the_stubs(tmp_path):
     """Stage 8's trials (kernels against float64, the engine against transformers) on fresh draws."""
     report, _, table = _grade("solutions", tmp_path, "a08", "--no-tests")
