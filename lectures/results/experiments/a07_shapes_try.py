@@ -8,7 +8,7 @@ dim, the winners at S = 4096. This script measures, at the worst shapes of that 
 d = 128 as a no-regression check), with B·H as in the sweep (common.shapes.attention_batch):
 
   fwd     the shipped _attn_fwd over a grid of explicit configs (BLOCK_M {64,128} x BLOCK_N
-          {32,64,128} x num_warps {4,8} x num_stages {2,3,4}, pruned: see FWD_GRID)
+          {32,64,128} x num_warps {4,8} x num_stages {2,3,4}, pruned: see fwd_grid())
   fwdvar  a copy of the shipped forward with three knobs (kernel _fwd_var), at two configs:
           order=1   grid (B·H, query tiles) instead of (query tiles, B·H): consecutive programs are
                     different heads, and with the causal reversal the longest tiles of ALL heads
@@ -19,8 +19,8 @@ d = 128 as a no-regression check), with B·H as in the sweep (common.shapes.atte
           nolse     the LSE store left out (what the logsumexp store costs; not a usable kernel)
           base      the copy with the shipped knobs (must time as the shipped kernel)
   delta   the shipped _attn_bwd_delta at BLOCK_M 32/64/128 (its launch alone)
-  dkdv    the shipped _attn_bwd_dkdv over a config grid, its launch alone (DKDV_GRID)
-  dq      the shipped _attn_bwd_dq over a config grid, its launch alone (DQ_GRID)
+  dkdv    the shipped _attn_bwd_dkdv over a config grid, its launch alone (dkdv_grid())
+  dq      the shipped _attn_bwd_dq over a config grid, its launch alone (dq_grid())
   fused   one dK/dV/dQ pass (kernel _bwd_fused: the dK/dV kernel also adds dS·K into an fp32 dQ
           buffer with relaxed atomics), with the delta pre-pass zeroing that buffer (_delta_zero)
           and a cast pass (_dq_cast): 3 launches, 5 products per tile pair instead of 7
@@ -47,17 +47,18 @@ then ~380 forward and ~330 backward check+time runs of ~50-70 ms each (do_bench 
 
 Compile-time findings (--regs, sm_90a, Triton 3.6 + its ptxas, on a CPU machine; full list in
 a07_shapes_try_regs.log): the shipped forward 128x64w8s3 is 182 registers, no spill, 128 KiB shared
-memory, so 1 CTA per SM (256 threads x 182 registers, and the shared memory); 64x64w4 (193-206
-registers, 80-144 KiB) and 64x32w4 (126-128) can hold 2-3 CTAs per SM. Every 4-warp config with a
-128-row forward tile spills (428-1992 bytes) at d = 128. The shipped d = 128 dK/dV kernel 64x128w8s3
-sits at 255 registers and spills 88 bytes when causal (36 at 2 stages); its 4-warp versions spill
-1.6-3.3 KB. The fused kernel's dQ adds compile to vectorized atom.global.gpu.relaxed.add.v4.f32
-(4-32 per tile pair); fused 32x128w8s2 at d = 128 is 232-242 registers, no spill.
+memory, so 1 CTA per SM (256 threads x 182 registers, and the shared memory); 64x64w4 at 2-3
+stages (196-206 registers, 80-112 KiB) fits 2 CTAs per SM and 64x32w4 (126-128 registers, 48-80
+KiB) 2-4. At d = 128 the forward's 128x64 and 128x128 tiles with 4 warps spill (428-1992 bytes);
+128x32w4 does not (254-255 registers). The shipped d = 128 dK/dV kernel 64x128w8s3 sits at 255
+registers and spills 88 bytes when causal (36 at 2 stages); its 4-warp versions spill 1.6-3.3 KB.
+The fused kernel's dQ adds compile to vectorized atom.global.gpu.relaxed.add.v4.f32 (4-32 of them
+in the PTX); fused 32x128w8s2 at d = 128 is 232-242 registers, no spill.
 """
 import csv
 import math
-import re
 import os
+import re
 import sys
 import time
 from pathlib import Path
