@@ -856,6 +856,8 @@ def time_pass(which):
 # =============================================================================== report
 def report():
     """Per shape: SDPA, shipped, best grid / variant, forward and backward (from CSV)."""
+    if not CSV.exists():
+        sys.exit(f"[shapes] no {CSV}: nothing measured (set OUT to the run's folder)")
     rows = list(csv.DictReader(open(CSV)))
     for r in rows:
         r["ms"] = float(r["ms"])
