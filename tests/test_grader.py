@@ -186,14 +186,14 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
         assert any("the shapes of an earlier trial again" in n for n in names), (key, names)
     # every dtype, whatever the draw: a fault in one dtype's path is not let through by the luck of a
     # random pick (common.stages.DTYPE_CYCLE)
-    for key, kernel in (("a02", "Pretransposed"), ("a03", "add_bias"), ("a03", "FusedLinear(addmm)"),
-                        ("a03", "FusedLinear(triton)"), ("a05", "gelu"), ("a08", "decode_attention"),
-                        ("a08", "add_layernorm"), ("a08", "layernorm (no residual)")):
+    dtypes = {"torch.float32", "torch.bfloat16", "torch.float16"}
+    for key, kernels in (("a02", ("Pretransposed",)), ("a03", ("add_bias", "FusedLinear(addmm)", "FusedLinear(triton)")),
+                         ("a05", ("gelu",)), ("a08", ("decode_attention", "add_layernorm", "layernorm (no residual)"))):
         for seed in (1, 2):
-            names = [t.name for t in by_key(key).trials(lambda m: load(m, "solutions"), random.Random(seed))
-                     if kernel in t.name]
-            assert {str(d) for d in (torch.float32, torch.bfloat16, torch.float16)} <= {
-                d for n in names for d in ("torch.float32", "torch.bfloat16", "torch.float16") if d in n}, (key, names)
+            names = [t.name for t in by_key(key).trials(lambda m: load(m, "solutions"), random.Random(seed))]
+            for kernel in kernels:
+                drawn = {d for n in names if kernel in n for d in dtypes if d in n}
+                assert dtypes <= drawn, (key, kernel, names)
     gelu = trials("a05")
     assert sum("torch.float32" in t.name for t in gelu) >= 2 and all(t.forbid == kernel_check.GELU_KERNEL for t in gelu)
     long_k = [t for t in trials("a06") if "long K" in t.name]
@@ -324,13 +324,12 @@ def test_a08_perf_calls_are_idempotent_and_agree():
     from common.checks import kernel_device
     from common.testing import rel_error
     dev = kernel_device()          # the interpreter on a CPU, the GPU where there is one
-    p = _a08_tiny_case(dev, torch.float32, 1e-5) if dev == "cpu" else _a08_tiny_case(dev, torch.bfloat16, 6e-2)
-    base, sub = p.baseline().clone(), p.submission().clone()
-    if dev == "cpu":
-        assert torch.equal(base, p.baseline()) and torch.equal(sub, p.submission()), "a timed call is not idempotent"
+    if dev == "cpu":               # fp32, bit for bit
+        p, same = _a08_tiny_case(dev, torch.float32, 1e-5), torch.equal
     else:                          # bf16 on a GPU: the same within far less than the tolerance
-        assert rel_error(p.baseline(), base) <= 1e-3 and rel_error(p.submission(), sub) <= 1e-3, \
-            "a timed call is not idempotent"
+        p, same = _a08_tiny_case(dev, torch.bfloat16, 6e-2), lambda x, y: rel_error(x, y) <= 1e-3
+    base, sub = p.baseline().clone(), p.submission().clone()
+    assert same(p.baseline(), base) and same(p.submission(), sub), "a timed call is not idempotent"
     assert rel_error(sub, base) <= p.tol, f"engine and transformers differ by {rel_error(sub, base):.2e}"
     assert p.flops > 0 and p.bytes > 0
 
