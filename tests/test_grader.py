@@ -166,7 +166,8 @@ def test_outputs_memoised_per_shape_are_caught(tmp_path):
 
 
 def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
-    """What the trials are made of (built, not run): every stage with tensor trials repeats an
+    """What the trials are made of (built, not run): every dtype for each kernel, whatever the draw;
+    every stage with tensor trials repeats an
     earlier trial's shapes, the GELU stages always draw fp32 (only its 1e-5 tells the erf GELU from
     the tanh GELU), the matmul stage draws long K against torch.matmul's own error, and stage 7a
     has a one-tile-at-a-time trial, 7b long Nk against SDPA's own error; each trial carries the
@@ -183,6 +184,16 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     for key in ("a02", "a03", "a05", "a06", "a07"):
         names = [t.name for t in trials(key)]
         assert any("the shapes of an earlier trial again" in n for n in names), (key, names)
+    # every dtype, whatever the draw: a fault in one dtype's path is not let through by the luck of a
+    # random pick (common.stages.DTYPE_CYCLE)
+    for key, kernel in (("a02", "Pretransposed"), ("a03", "add_bias"), ("a03", "FusedLinear(addmm)"),
+                        ("a03", "FusedLinear(triton)"), ("a05", "gelu"), ("a08", "decode_attention"),
+                        ("a08", "add_layernorm"), ("a08", "layernorm (no residual)")):
+        for seed in (1, 2):
+            names = [t.name for t in by_key(key).trials(lambda m: load(m, "solutions"), random.Random(seed))
+                     if kernel in t.name]
+            assert {str(d) for d in (torch.float32, torch.bfloat16, torch.float16)} <= {
+                d for n in names for d in ("torch.float32", "torch.bfloat16", "torch.float16") if d in n}, (key, names)
     gelu = trials("a05")
     assert sum("torch.float32" in t.name for t in gelu) >= 2 and all(t.forbid == kernel_check.GELU_KERNEL for t in gelu)
     long_k = [t for t in trials("a06") if "long K" in t.name]
