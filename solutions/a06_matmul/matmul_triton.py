@@ -43,12 +43,15 @@ _SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (
 
 def _configs() -> list[triton.Config]:
     if TRITON_INTERPRET:  # every config costs seconds when interpreted: one small one
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for m, n, k, w, s in dict.fromkeys(_SQUARE + _LONG_K + _SKINNY + _UNALIGNED + _UNALIGNED_SKINNY)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "PREFETCH": False},
+                              num_warps=4, num_stages=1)]
+    sets = [(_SQUARE + _LONG_K + _SKINNY + _UNALIGNED_SKINNY, False), (_UNALIGNED, True)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "PREFETCH": p},
+                          num_warps=w, num_stages=s)
+            for shapes, p in sets for m, n, k, w, s in dict.fromkeys(shapes)]
 
 
-# Config sets (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); _prune picks one set per call.
+# Config sets (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); _config_set picks those a call tries.
 #: Aligned rows, M > 64. 16-bit inputs keep the BLOCK_K = 64 ones (128 bytes a row); fp32 all that fit.
 _SQUARE = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 8, 4),
            (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3), (64, 128, 64, 4, 4),
@@ -62,13 +65,14 @@ LONG_K = 2048
 #: more programs over N and more bytes in flight per program (stage 8 decodes with these).
 _SKINNY = [(16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 4),
            (64, 64, 128, 4, 3), (64, 128, 64, 4, 4)]
-#: Unaligned rows, M > 64 (PREFETCH): the loads are not pipelined by Triton, so one stage (no shared-memory
-#: ring to fill) and K slices of 32-64 (the prefetched slice lives in registers). H100, bf16:
-#: 4097^3 0.49x -> 0.77x cuBLAS, [3000, 777] x [777, 1000] 0.61x -> 0.82x (a06_try.md, prefetch).
+#: Unaligned rows, M > 64, tried with PREFETCH beside the aligned set (which won where K is short, e.g.
+#: the LM head [T, 768] x [768, 50257]): Triton does not pipeline such loads, so one stage (no
+#: shared-memory ring to fill) and K slices of 32-64 (the prefetched slice lives in registers). H100,
+#: bf16: 4097^3 0.47x -> 0.78x cuBLAS, [3000, 1000] x [1000, 777] 0.61x -> 0.84x (a06_matmul_real_shapes.md).
 _UNALIGNED = [(128, 128, 32, 8, 1), (128, 128, 64, 8, 1), (64, 128, 32, 4, 1), (128, 256, 32, 8, 1)]
-#: Unaligned and M <= 64, no PREFETCH (0.52x, below these configs' 0.62x): small per-thread tiles that
-#: do not spill (16x128x128 spilled 0.5-10 KB); [1, 768] x [768, 50257] went from 0.03x to 0.62x
-#: cuBLAS (a06_try.md, unal_cfg).
+#: Unaligned and M <= 64, tried beside _SKINNY (which won at M = 64), no PREFETCH (0.52x, below these
+#: configs' 0.62x): small per-thread tiles that do not spill (16x128x128 spilled 0.5-10 KB);
+#: [1, 768] x [768, 50257] 0.52x -> 0.63x cuBLAS (a06_matmul_real_shapes.md).
 _UNALIGNED_SKINNY = [(16, 64, 64, 4, 1), (16, 128, 32, 4, 1), (16, 32, 128, 4, 1), (16, 128, 64, 8, 1)]
 
 
@@ -76,15 +80,19 @@ def _shape(c: triton.Config) -> tuple[int, int, int, int, int]:
     return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages
 
 
-def _config_set(m: int, k: int, size: int, aligned: bool) -> list[tuple[int, int, int, int, int]]:
-    """The configs the autotuner tries for M rows, K, element size in bytes and row alignment."""
-    if not aligned:
-        return _UNALIGNED_SKINNY if m <= 64 else _UNALIGNED
+def _config_set(m: int, k: int, size: int, aligned: bool) -> list[tuple[tuple[int, int, int, int, int], bool]]:
+    """The (config, PREFETCH) pairs the autotuner tries for M rows, K, element size in bytes and
+    row alignment: the aligned set always; unaligned rows add theirs and the tuner picks."""
     if m <= 64:
-        return _SKINNY
-    if size == 4:
-        return _SQUARE
-    return [c for c in _SQUARE if c[2] == 64] + (_LONG_K if k >= LONG_K else [])
+        base = _SKINNY
+    elif size == 4:
+        base = _SQUARE
+    else:
+        base = [c for c in _SQUARE if c[2] == 64] + (_LONG_K if k >= LONG_K else [])
+    out = [(c, False) for c in base]
+    if not aligned:
+        out += [(c, False) for c in _UNALIGNED_SKINNY] if m <= 64 else [(c, True) for c in _UNALIGNED]
+    return out
 
 
 def _prune(configs, named_args, **kwargs):
@@ -92,7 +100,7 @@ def _prune(configs, named_args, **kwargs):
     size = named_args["a_ptr"].element_size()
     aligned = _aligned(named_args["a_ptr"], named_args["b_ptr"])
     allowed = set(_config_set(named_args["M"], named_args["K"], size, aligned))
-    keep = [c for c in configs if _shape(c) in allowed
+    keep = [c for c in configs if (_shape(c), c.kwargs["PREFETCH"]) in allowed
             and c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size <= _SMEM_LIMIT]
     return keep or configs[-1:]
 
@@ -239,7 +247,7 @@ _matmul_autotuned = triton.autotune(
     configs=_configs(),
     # + the tensors' dtypes (Triton adds them); the strides: a layout or row alignment has its own best config
     key=["M", "N", "K", "stride_am", "stride_bk", "stride_bn", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION",
-         "FAST_TANH", "PREFETCH", "SWAP_AB"],
+         "FAST_TANH", "SWAP_AB"],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=autotune_bench,  # the course's shorter timer per config (common/timing.py)
     cache_results=True,       # a key tuned once on this machine is read from Triton's cache after that
@@ -252,8 +260,9 @@ _matmul_autotuned = triton.autotune(
 #: models (the tests' two-layer GPT-2 with d_model = 64) run TINY_CONFIG.
 TINY_WEIGHT = 1 << 17
 TINY_CONFIG = (32, 64, 64, 4, 2)
-#: The autotuner's pick per (power-of-two bucket of M, N, K, dtype, epilogue, precision, B layout).
-_TUNED: dict[tuple, tuple[int, int, int, int, int]] = {}
+#: The autotuner's pick (config, PREFETCH) per (power-of-two bucket of M, N, K, dtype, epilogue,
+#: precision, layout).
+_TUNED: dict[tuple, tuple[tuple[int, int, int, int, int], bool]] = {}
 
 
 def _bucket(m: int) -> int:
@@ -313,8 +322,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
             bias.stride(0) if bias is not None else 0)
     meta = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, INPUT_PRECISION="tf32" if tf32 else "ieee",
                 DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16,
-                FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32,
-                PREFETCH=mm > 64 and not _aligned(x, y), SWAP_AB=swap)
+                FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32, SWAP_AB=swap)
+    prefetch = mm > 64 and not _aligned(x, y)   # an explicit config's PREFETCH; the autotuner tries both
     if config is None and n * k < TINY_WEIGHT and not TRITON_INTERPRET:
         config = TINY_CONFIG
     if config is None:
@@ -322,16 +331,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
         # directly after that (less host work per call, too).
         key = (_bucket(m), n, k, a.dtype, bias is not None, activation, meta["INPUT_PRECISION"],
-               meta["FAST_TANH"], b.stride(0) == 1, meta["PREFETCH"], swap)
-        config = _TUNED.get(key)
-        if config is None:
+               meta["FAST_TANH"], b.stride(0) == 1, prefetch, swap)
+        tuned = _TUNED.get(key)
+        if tuned is None:
             grid = lambda META: (triton.cdiv(mm, META["BLOCK_M"]) * triton.cdiv(nn, META["BLOCK_N"]),)  # noqa: E731
             _matmul_autotuned[grid](*args, **meta)
-            _TUNED[key] = _shape(_matmul_autotuned.best_config)
+            best = _matmul_autotuned.best_config
+            _TUNED[key] = (_shape(best), best.kwargs["PREFETCH"])
             return out
+        config, prefetch = tuned
     bm, bn, bk, warps, stages = config
     grid = (triton.cdiv(mm, bm) * triton.cdiv(nn, bn),)
-    matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+    matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PREFETCH=prefetch,
                         EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
     return out
 
