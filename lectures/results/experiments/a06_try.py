@@ -459,6 +459,10 @@ VARIANTS = {
                                                                 C(1, 128, 64, 8, 1)], [C(1, 32, 32, 4, 1)]),
     "pad": (run_pad, UNAL, lambda m, dt: [C(16, 64, 128, 4, 3)] if m <= 64 else [C(128, 256, 64, 8, 3), C(128, 128, 64, 8, 4)],
             [C(32, 32, 32, 4, 1)]),
+    # Two or three programs per SM (2-3 pipeline stages: 64-96 KB of shared memory each) for the aligned
+    # shapes that lose by wave quantization (qkv T=2048: 288 tiles of 128x128 on 132 SMs, one at a time)
+    "occ": (run_mm, FEW + HEALTHY, [C(128, 128, 64, 8, 2), C(128, 128, 64, 4, 2), C(128, 128, 32, 4, 3),
+                                    C(64, 128, 64, 4, 3), C(128, 64, 64, 4, 3)], [C(32, 32, 32, 4, 1)]),
     "tma_ws": (lambda a, b, cfg, L: run_tma(a, b, cfg, L, ws=True), FEW + HEALTHY,
                [C(128, 256, 64, 8, 3), C(128, 128, 64, 8, 4)], [C(32, 32, 32, 4, 2)]),
 }

@@ -21,7 +21,7 @@ CSV="$OUT/a06_try.csv"; LOG="$OUT/a06_try.log"
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 # variant:time limit (s); the limits sum to more than BUDGET: each is cut to what is left
-for vt in shipped:120 base:40 tf32_kmaj:40 tf32_cfg:40 tf32_reg:40 tf32_swap:40 splitk:60 bk128:40 tma:50 \
+for vt in shipped:120 occ:45 base:40 tf32_kmaj:40 tf32_cfg:40 tf32_reg:40 tf32_swap:40 splitk:60 bk128:40 tma:50 \
           unal_cfg:45 recomp:45 prefetch:45 gemv:25 pad:30 tma_ws:45; do
   v=${vt%%:*}; lim=${vt##*:}
   left=$(( BUDGET - ($(date +%s) - T0) ))
