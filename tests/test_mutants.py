@@ -5,7 +5,8 @@ the grader alone (``python -m common.grade --no-tests``: its trials, no tests), 
 grader may never accept what the tests reject. Slow: marked ``mutants``, so they run only
 with ``--mutants`` (make test and CI pass it; a plain ``pytest`` on a GPU machine skips
 them). Runs with ``--impl solutions``, like the stub check; the mutants are graded in worker
-processes: two (CI's 2-core machine) unless COURSE_MUTANT_WORKERS says how many."""
+processes that share one list (each takes the next mutant not yet taken): two (CI's 2-core
+machine) unless COURSE_MUTANT_WORKERS says how many."""
 from __future__ import annotations
 
 import json
@@ -44,13 +45,14 @@ def outcomes(request, tmp_path_factory):
     chosen = _chosen(request, "mutant")
     ids = [m.id for m in MUTANTS if (HAS_CUDA or not m.gpu) and m.id in chosen]
     tmp = tmp_path_factory.mktemp("mutants")
+    claims = tmp / "claims"
+    claims.mkdir()
     procs = []
-    for w in range(WORKERS):
-        part = ids[w::WORKERS]
-        if part:
-            out = tmp / f"w{w}.json"
-            procs.append((out, subprocess.Popen([sys.executable, "-m", "mutants.run", str(out), *part], cwd=REPO,
-                                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for w in range(min(WORKERS, len(ids))):
+        out = tmp / f"w{w}.json"
+        procs.append((out, subprocess.Popen([sys.executable, "-m", "mutants.run", str(out), "--claims", str(claims), *ids],
+                                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            text=True)))
     results, logs = {}, []
     for out, p in procs:
         log, _ = p.communicate(timeout=3600)
@@ -59,8 +61,10 @@ def outcomes(request, tmp_path_factory):
             results.update(json.loads(out.read_text()))
     caught = sum(r["caught"] for r in results.values())
     not_run = sum(m.gpu and not HAS_CUDA and m.id in chosen for m in MUTANTS)
+    slow = sorted(results.items(), key=lambda kv: -kv[1].get("seconds", 0))[:5]
     print(f"\nmutation checks: {caught} of {len(ids)} mutants caught "
-          f"({not_run} GPU-only mutants not run on this machine)")
+          f"({not_run} GPU-only mutants not run on this machine); slowest: "
+          + ", ".join(f"{k} {r.get('seconds', '?')} s" for k, r in slow))
     return results, "\n".join(logs)
 
 

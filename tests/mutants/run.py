@@ -1,16 +1,22 @@
-"""Grade mutants in one process: ``python -m mutants.run OUT.json ID [ID ...]`` (tests/ on sys.path).
+"""Grade mutants in one process: ``python -m mutants.run OUT.json [--claims DIR] ID [ID ...]`` (tests/ on sys.path).
 
 For each mutant: copy solutions/ to a temporary folder, apply the edits, and run the
 stage's graded tests on that copy with ``pytest.main`` (``-x``: the first failure is
 enough). Each copy imports under its own package name (common.impl), so one process
-can grade many mutants without reloading torch and triton every time.
+can grade many mutants without reloading torch and triton every time. With ``--claims DIR``
+several such processes share one list: each takes the next mutant no other has claimed (an
+empty file per mutant in DIR, named by a hash of its id, created exclusively), so a slow stage does not leave one
+process working while the other waits.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -47,11 +53,26 @@ class _Outcome:
             self.passed += 1
 
 
-def run(ids: list[str]) -> dict[str, dict]:
+def _claim(claims: Path | None, mid: str) -> bool:
+    """True if this process is the one to grade ``mid`` (always, without a claims folder)."""
+    if claims is None:
+        return True
+    try:
+        name = hashlib.sha1(mid.encode()).hexdigest()   # ids hold '/' and other characters a file name may not
+        os.close(os.open(claims / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def run(ids: list[str], claims: Path | None = None) -> dict[str, dict]:
     wanted = {m.id: m for m in all_mutants()}
     results = {}
     for mid in ids:
+        if not _claim(claims, mid):
+            continue
         m = wanted[mid]
+        t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 sub = apply(m, Path(tmp) / "mutant")
@@ -62,10 +83,15 @@ def run(ids: list[str]) -> dict[str, dict]:
             code = pytest.main([str(REPO / "tests" / f"test_{m.stage}.py"), "--impl", str(sub), "-m", "graded", "-x",
                                 "-q", "--tb=no", "--no-header", "-p", "no:cacheprovider"], plugins=[out])
             results[mid] = {"caught": bool(out.failed), "exit": int(code), "first_failure": out.failed[:1],
-                            "message": out.message}
-        print(f"{mid}: {'caught' if results[mid]['caught'] else 'NOT CAUGHT'}", file=sys.stderr, flush=True)
+                            "message": out.message, "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"{mid}: {'caught' if results[mid]['caught'] else 'NOT CAUGHT'} in {results[mid]['seconds']} s",
+              file=sys.stderr, flush=True)
     return results
 
 
 if __name__ == "__main__":
-    Path(sys.argv[1]).write_text(json.dumps(run(sys.argv[2:]), indent=1))
+    args = sys.argv[2:]
+    claims = None
+    if args[:1] == ["--claims"]:
+        claims, args = Path(args[1]), args[2:]
+    Path(sys.argv[1]).write_text(json.dumps(run(args, claims), indent=1))
