@@ -314,8 +314,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     # fp32 with TF32 and b N-major (a row-major weight [K, N]): TF32 wgmma reads an operand in shared
     # memory K-major only, so b would be transposed by 4-byte copies (H100: 0.27x cuBLAS). Computing
     # C^T = B^T A^T instead puts b where wgmma's A goes (from registers, any layout) and a K-major
-    # a where its B goes: 0.85-0.98x (lectures/results/experiments/a06_try.md, tf32_swap).
-    swap = tf32 and b.stride(1) == 1 and n > 1 and a2.stride(1) == 1 and k > 1
+    # a where its B goes: 0.85-0.98x (lectures/results/experiments/a06_try.md, tf32_swap). Timed at
+    # M >= 1793 only: few rows (M <= 64) keep the skinny configs, unswapped, as before.
+    swap = tf32 and m > 64 and b.stride(1) == 1 and n > 1 and a2.stride(1) == 1 and k > 1
     x, y, z, mm, nn = (b.t(), a2.t(), c2.t(), n, m) if swap else (a2, b, c2, m, n)
     args = (x, y, z, bias if bias is not None else c2, mm, nn, k,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1),
