@@ -261,7 +261,7 @@ _matmul_autotuned = triton.autotune(
 TINY_WEIGHT = 1 << 17
 TINY_CONFIG = (32, 64, 64, 4, 2)
 #: The autotuner's pick (config, PREFETCH) per (power-of-two bucket of M, N, K, dtype, epilogue,
-#: precision, layout).
+#: precision, layout, row alignment).
 _TUNED: dict[tuple, tuple[tuple[int, int, int, int, int], bool]] = {}
 
 
@@ -324,7 +324,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     meta = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, INPUT_PRECISION="tf32" if tf32 else "ieee",
                 DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16,
                 FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32, SWAP_AB=swap)
-    prefetch = mm > 64 and not _aligned(x, y)   # an explicit config's PREFETCH; the autotuner tries both
+    aligned = _aligned(x, y)
+    prefetch = mm > 64 and not aligned   # an explicit config's PREFETCH; the autotuner tries both
     if config is None and n * k < TINY_WEIGHT and not TRITON_INTERPRET:
         config = TINY_CONFIG
     if config is None:
@@ -332,7 +333,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
         # directly after that (less host work per call, too).
         key = (_bucket(m), n, k, a.dtype, bias is not None, activation, meta["INPUT_PRECISION"],
-               meta["FAST_TANH"], b.stride(0) == 1, prefetch, swap)
+               meta["FAST_TANH"], b.stride(0) == 1, aligned, swap)
         tuned = _TUNED.get(key)
         if tuned is None:
             grid = lambda META: (triton.cdiv(mm, META["BLOCK_M"]) * triton.cdiv(nn, META["BLOCK_N"]),)  # noqa: E731
