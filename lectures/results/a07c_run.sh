@@ -1,0 +1,75 @@
+#!/bin/bash
+# Stage 7c draft (issue #12) on an H100, in ONE command (under 600 s; 6 files in $OUT):
+#   bash lectures/results/a07c_run.sh
+# 1. build.log    GPU, versions, ptxas register/spill report (nvcc -Xptxas -v, sm_90a), the op's
+#                 build through common.cuda_ext.load_op (timed), and a smoke run of each
+#                 (d, causal) at a ragged size against SDPA, one case at a time (a hang shows
+#                 which: the kernel's mbarrier watchdog prints the stuck barrier and traps)
+# 2. pytest.log   tests/test_a07c_flash_hopper.py --impl solutions (float64 reference, SDPA's
+#                 own error, S in {1, 17, 128, 1000, 4096}, d 64/128, causal/not, bad inputs)
+# 3. memcheck.log compute-sanitizer --tool memcheck on small ragged cases (d 64/128, causal/not)
+# 4. bench.log + a07c_flash_hopper.csv/.md: TFLOP/s vs SDPA, bf16, d = 128, S = 2048..16384
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/a07c_out}; mkdir -p "$OUT"
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext}
+PY=${PY:-python3}
+SRC=solutions/a07_flash_attention/flash_fwd_hopper.cu
+NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+t0=$(date +%s)
+step() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
+
+{
+  step "GPU"
+  nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  $NVCC --version | tail -2
+  step "ptxas report (sm_90a, -DA07C_SM90A)"
+  $NVCC -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -DA07C_SM90A -Xptxas -v -c $SRC -o /dev/null 2>&1 \
+    | grep -E "error|warning|Performance|entry function|spill|Used"
+  step "build + smoke"
+  timeout 200 $PY - <<'PYEOF' 2>&1
+import time, torch, torch.nn.functional as F
+from common.testing import rel_error
+from common import reference as ref
+from solutions.a07_flash_attention import flash_hopper as m
+t = time.time(); m._op(); print(f"build/load: {time.time() - t:.0f} s", flush=True)
+torch.manual_seed(0)
+for d in (128, 64):
+    for causal in (False, True):
+        for s in (1, 200, 1000):
+            q, k, v = (torch.randn(2, 3, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            print(f"smoke d={d} causal={causal} S={s} ...", end=" ", flush=True)
+            o, lse = m.flash_attention_hopper(q, k, v, causal=causal)
+            torch.cuda.synchronize()
+            ro, rl = ref.attention(q, k, v, is_causal=causal)
+            so = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            print(f"O err {rel_error(o, ro):.2e} (SDPA {rel_error(so, ro):.2e}), L err {rel_error(lse, rl):.2e}, "
+                  f"nonfinite {int((~torch.isfinite(o)).sum())}", flush=True)
+PYEOF
+  echo "smoke exit: $?"
+} > "$OUT/build.log" 2>&1
+tail -16 "$OUT/build.log"
+
+step "pytest" | tee "$OUT/pytest.log"
+timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -rs -p no:cacheprovider 2>&1 \
+  | tee -a "$OUT/pytest.log" | tail -25
+
+step "memcheck" | tee "$OUT/memcheck.log"
+cat > /tmp/a07c_memcheck.py <<'PYEOF'
+import torch
+from solutions.a07_flash_attention import flash_hopper as m
+for d in (64, 128):
+    for causal in (False, True):
+        q, k, v = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o, lse = m.flash_attention_hopper(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+        print(f"memcheck case d={d} causal={causal}: finite {bool(torch.isfinite(o).all())}", flush=True)
+PYEOF
+timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
+  $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -12
+
+step "bench" | tee "$OUT/bench.log"
+timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
+step "done"
