@@ -167,3 +167,22 @@ def test_hopper_sources_compile():
         compile_check([d / "flash_fwd_hopper.cu"])
         compile_check([d / "flash_fwd_hopper.cu"], extra_flags=("-DA07C_SM90A",))
     compile_check([REPO / "solutions" / STAGE / "binding.cpp"])
+
+
+@pytest.mark.nvcc
+def test_hopper_kernel_keeps_wgmma_async():
+    """ptxas (sm_90a) neither serialises the wgmma's (warning C7510: a function call such as printf
+    in the kernel, or accumulators it cannot keep in registers) nor spills: either costs most of
+    the speed, and both show without a GPU."""
+    import subprocess
+
+    from common.cuda_ext import nvcc_path
+    src = REPO / "solutions" / STAGE / "flash_fwd_hopper.cu"
+    r = subprocess.run([nvcc_path(), "-c", str(src), "-o", "/dev/null", "-std=c++17", "-O3",
+                        "-gencode=arch=compute_90a,code=sm_90a", "-DA07C_SM90A", "--expt-relaxed-constexpr",
+                        "-Xptxas", "-v"], capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log
+    assert "C7510" not in log and "serialized" not in log, f"ptxas serialises the wgmma's:\n{log}"
+    spills = [ln for ln in log.splitlines() if "spill" in ln and not ln.strip().startswith("0 bytes stack frame, 0 bytes spill")]
+    assert not spills, "register spills:\n" + "\n".join(spills)

@@ -95,8 +95,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
 // barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
 // Watchdog (draft: not yet run on a GPU): a wait that never ends (a wrong parity, a byte count
-// TMA never delivers) prints which barrier and traps after A07C_SPIN_LIMIT tries (seconds),
-// instead of hanging the GPU. Build with -DA07C_SPIN_LIMIT=0 to leave it out.
+// TMA never delivers) traps after A07C_SPIN_LIMIT tries (seconds) instead of hanging the GPU
+// ("unspecified launch failure"). -DA07C_DEBUG_HANG also prints which barrier, but printf is a
+// function call, and a call anywhere in the kernel makes ptxas serialise every wgmma (C7510):
+// debug builds only. -DA07C_SPIN_LIMIT=0 leaves the watchdog out.
 #ifndef A07C_SPIN_LIMIT
 #define A07C_SPIN_LIMIT (1u << 28)
 #endif
@@ -113,12 +115,20 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
             : "=r"(done) : "r"(bar), "r"(parity) : "memory");
 #if A07C_SPIN_LIMIT
         if (!done && ++tries == A07C_SPIN_LIMIT) {
+#ifdef A07C_DEBUG_HANG
             printf("a07c: mbarrier wait stuck: block (%d, %d) thread %d, barrier at smem 0x%x, parity %u\n",
                    (int)blockIdx.x, (int)blockIdx.y, (int)threadIdx.x, bar, parity);
+#endif
             __trap();
         }
 #endif
     }
+}
+// Consumers wait with all 32 lanes, then reconverge the warp: the wgmma's after the wait are
+// .sync.aligned (every lane of every warp of the warpgroup, converged). Never from one lane.
+__device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
+    mbar_wait(bar, parity);
+    __syncwarp();
 }
 // TMA: copy the box at (x = column, y = row, z = batch*head) of the 3-D `map` into shared
 // memory at `dst`, counted in bytes on `bar`. Rows past S (of this head) are zero-filled,
@@ -284,7 +294,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
     //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); c = wg - 1 owns query rows m0 + 64c ..;
     //    thread (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
     //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Per tile: wait k_full; S = 0; for
-    //    each 16-column step k of d: wgmma_ss_m64n128k16 with Q descriptor
+    //    each 16-column step k of d (consumers wait with mbar_wait_warp): wgmma_ss_m64n128k16 with Q descriptor
     //    smem_desc(q_tile + (k/4)*Q_PANEL_BYTES + c*64*128 + (k%4)*32, 16, 1024) and K descriptor
     //    smem_desc(k_tile(s) + (k/4)*KV_PANEL_BYTES + (k%4)*32, 16, 1024); commit, wait<0>.
     //    Mask (-inf) columns >= S and, causal, columns > row. Online softmax in the exp2
@@ -328,7 +338,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
         float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};    // running max, log2 units (scaled)
         float l_run[2] = {0.f, 0.f};                        // running sum, this thread's columns only
-        mbar_wait(smem_u32(&q_full), 0);
+        mbar_wait_warp(smem_u32(&q_full), 0);
 
         for (int j = 0; j < n_tiles; ++j) {
             const int s = j % STAGES;
@@ -337,7 +347,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
             float sc[BN / 2];
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
-            mbar_wait(smem_u32(&k_full[s]), phase);
+            mbar_wait_warp(smem_u32(&k_full[s]), phase);
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < D / 16; ++k) {
@@ -399,7 +409,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
 
             // ---- O += P V (V tile [128 keys][d] row-major = MN-major B; LBO = panel to panel
             // along d, SBO = 8 key rows)
-            mbar_wait(smem_u32(&v_full[s]), phase);
+            mbar_wait_warp(smem_u32(&v_full[s]), phase);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
