@@ -6,8 +6,9 @@ Each stage gives
   trial's reference is computed in float64 from a private copy of the inputs
   *before* the submission runs, so the submission can neither see nor alter it.
   Each stage's draws end with the shapes of an earlier draw again and new values, so an
-  output memoised per shape fails; 16-bit matmuls are drawn at long K too and may be only a
-  few times less accurate than torch.matmul on the same inputs (testing.calibrated_tol).
+  output memoised per shape fails; 16-bit matmuls are drawn at long K (Triton attention at long
+  Nk) too and may be only a few times less accurate than torch.matmul (SDPA) on the same inputs
+  (testing.calibrated_tol).
 * what each trial may not call (common.kernel_check, the same check the graded tests make):
   aten ops on every trial with a dispatch trace, CPU and GPU (calling ``F.gelu`` or
   ``torch.matmul`` where a kernel was asked for fails), and GPU kernel names with the
@@ -36,7 +37,7 @@ from .shapes import ATTENTION_HEADS, GPT2_MODELS, attention_batch, gpt2_gemms
 from .kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, BIAS_KERNEL, DECODE_ATTENTION, ENGINE, FUSED_LINEAR,
                            GELU_KERNEL, LAYERNORM_KERNEL, MATMUL_KERNEL, NOTHING, WRITE_KV, Forbidden,
                            attention_tile_bound, largest_new_tensor, tile_message)
-from .testing import REL_TOL, calibrated_tol, random_gpt2, rel_error, torch_matmul
+from .testing import REL_TOL, calibrated_tol, random_gpt2, rel_error, torch_attention, torch_matmul
 
 Load = Callable[[str], object]   # load("a03_fused_linear.fused_linear") -> module of the graded impl
 
@@ -383,6 +384,48 @@ def _attn_trials(fn, label, rng, forbid: Forbidden):
     return _with_repeat(rng, g, build, 2)
 
 
+#: Long-Nk attention trials: every query row walks >= 180 key tiles under the interpreter (16 keys
+#: each), Nk >= 4096 on a GPU, where an accumulator kept in 16 bits between key tiles costs several
+#: times SDPA's error. Few query rows under the interpreter: the cost is Nq x Nk there.
+LONG_NK = (2900, 3600) if not HAS_CUDA else (4096, 8192)
+
+
+def _long_attn_trials(fn, label, rng, forbid: Forbidden) -> list[Trial]:
+    """Forward, and forward + backward, at long Nk in 16 bits. Tolerance: a few times
+    F.scaled_dot_product_attention's own error on the same inputs (testing.calibrated_tol), O against
+    SDPA's O and the gradients against SDPA's largest gradient error (on the CPU SDPA's dQ can be
+    1.5x less accurate than its O: one shared tolerance would let a 16-bit O accumulator through)."""
+    g = _gen(rng)
+    trials = []
+    for dtype in (torch.bfloat16,) + ((torch.float16,) if HAS_CUDA else ()):
+        causal = rng.random() < 0.5
+        d = rng.choice([32, 64] if not HAS_CUDA else [64, 128])
+        nq = rng.randint(16, 40) if not HAS_CUDA else rng.randint(500, 2048)
+        nk = rng.randint(*LONG_NK)
+        lead = (1, 1) if not HAS_CUDA else (rng.randint(1, 2), rng.randint(1, 4))
+        q, k, v = (_randn(g, *lead, n, d, dtype=dtype) for n in (nq, nk, nk))
+        do = _randn(g, *lead, nq, d, dtype=dtype)
+        o_ref, grads_ref = ref.attention(q, k, v, causal)[0], ref.attention_backward(q, k, v, do, causal)
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o = torch_attention(qq, kk, vv, causal)
+        o_tol = calibrated_tol(rel_error(o, o_ref), dtype)
+        grads_tol = calibrated_tol(max(rel_error(t, r) for t, r in
+                                       zip(torch.autograd.grad(o, (qq, kk, vv), do), grads_ref)), dtype)
+
+        def fwd(q=q.clone(), k=k.clone(), v=v.clone(), causal=causal):
+            return fn()(q, k, v, causal)
+
+        def fwd_bwd(q=q.clone(), k=k.clone(), v=v.clone(), do=do.clone(), causal=causal):
+            q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+            fn()(q, k, v, causal).backward(do)
+            return (q.grad, k.grad, v.grad)
+        what = (f"long Nk: lead={lead} Nq={nq} Nk={nk} d={d} causal={causal} {dtype} "
+                f"(tolerance: a few times SDPA's error)")
+        trials += [Trial(f"{label} fwd O, {what}", fwd, o_ref, o_tol, forbid=forbid),
+                   Trial(f"{label} fwd+bwd dQ dK dV, {what}", fwd_bwd, grads_ref, grads_tol, forbid=forbid)]
+    return trials
+
+
 def _tiled_memory_trial(ft, rng) -> Trial:
     """Stage 7a's contract, never more than one [block_m, block_n] tile of scores, on sequences
     several tiles long: the largest tensor each of its two functions creates (dispatch trace)."""
@@ -417,7 +460,8 @@ def _a07_trials(load, rng):
     fx = load("a07_flash_attention.flash_triton")
     return (_attn_trials(lambda: ft.flash_attention_torch, "tiled PyTorch", rng, ATTENTION_TILED)
             + [_tiled_memory_trial(ft, rng)]
-            + _attn_trials(lambda: fx.flash_attention, "Triton", rng, ATTENTION_KERNEL))
+            + _attn_trials(lambda: fx.flash_attention, "Triton", rng, ATTENTION_KERNEL)
+            + _long_attn_trials(lambda: fx.flash_attention, "Triton", rng, ATTENTION_KERNEL))
 
 
 #: Stage 7's speed cases (B, H, S, d), causal, bf16, forward, from the bench's real-shape sweep

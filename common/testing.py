@@ -58,6 +58,20 @@ def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (o - r).abs().max().item() if o.numel() else 0.0
 
 
+def _check_output(out, ref: torch.Tensor, dtype: torch.dtype | None, name: str) -> torch.Tensor:
+    """The checks every comparison starts with: a tensor, ref's shape, ``dtype`` (when given), no
+    NaN/inf. Returns ``out`` as float64 on the CPU."""
+    assert isinstance(out, torch.Tensor), f"{name}: expected a tensor, got {type(out).__name__}"
+    assert tuple(out.shape) == tuple(ref.shape), (
+        f"{name}: shape {tuple(out.shape)} but the reference has shape {tuple(ref.shape)}")
+    if dtype is not None:
+        assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    o = out.detach().to("cpu", torch.float64)
+    bad = ~torch.isfinite(o)
+    assert not bad.any(), f"{name}: {int(bad.sum())} of {o.numel()} elements are NaN/inf (unwritten or overflowed?)"
+    return o
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | None = None,
                  rel_tol: float | None = None, name: str = "output", scale: torch.Tensor | None = None) -> float:
     """Assert ``out`` matches the (float64) reference within the dtype's tolerance.
@@ -66,16 +80,9 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | N
     closeness. Returns the relative error. Messages say what differed and by how much.
     ``scale``: magnitude of the summed terms (see :func:`rel_error`), used for both checks.
     """
-    assert isinstance(out, torch.Tensor), f"{name}: expected a tensor, got {type(out).__name__}"
-    assert tuple(out.shape) == tuple(ref.shape), (
-        f"{name}: shape {tuple(out.shape)} but the reference has shape {tuple(ref.shape)}")
-    if dtype is not None:
-        assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    o = _check_output(out, ref, dtype, name)
     dt = dtype or out.dtype
-    o = out.detach().to("cpu", torch.float64)
     r = ref.detach().to("cpu", torch.float64)
-    bad = ~torch.isfinite(o)
-    assert not bad.any(), f"{name}: {int(bad.sum())} of {o.numel()} elements are NaN/inf (unwritten or overflowed?)"
     err = rel_error(out, ref, scale)
     tol = rel_tol if rel_tol is not None else REL_TOL[dt]
     assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e} for {dt}"
@@ -119,6 +126,17 @@ def torch_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
 
 
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` (differentiable) as the yardstick of :func:`calibrated_tol`
+    for attention, with stage 7's bottom-right causal mask: ``is_causal=True`` aligns top-left when
+    Nq != Nk, ``torch.nn.attention.bias.causal_lower_right`` bottom-right (SDPA's fused kernels both)."""
+    import torch.nn.functional as F
+    if not is_causal or q.shape[-2] == k.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    from torch.nn.attention.bias import causal_lower_right
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[-2], k.shape[-2]))
+
+
 def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, *,
                                 dtype: torch.dtype, name: str = "output", c: float | None = None,
                                 scale: torch.Tensor | None = None) -> float:
@@ -126,17 +144,14 @@ def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out:
     device) against the float64 ``ref``: the submission's relative error may be at most c times
     PyTorch's (:func:`calibrated_tol`). Fixed tolerances are loose enough for an accumulator
     rounded to bf16 on every K step; PyTorch's own error at the same K is not. Returns the error."""
-    assert isinstance(out, torch.Tensor), f"{name}: expected a tensor, got {type(out).__name__}"
-    assert tuple(out.shape) == tuple(ref.shape), (
-        f"{name}: shape {tuple(out.shape)} but the reference has shape {tuple(ref.shape)}")
-    assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    _check_output(out, ref, dtype, name)
     err, base = rel_error(out, ref, scale), rel_error(torch_out, ref, scale)
     tol = calibrated_tol(base, dtype, c)
     assert err <= tol, (
         f"{name}: relative error {err:.2e} vs float64 is {err / max(base, 1e-300):.1f}x PyTorch's own error "
         f"({base:.2e}) in {str(dtype).replace('torch.', '')} on the same inputs; allowed: "
         f"{CALIBRATION[dtype] if c is None else c:g}x PyTorch or {ERROR_FLOOR[dtype]:.0e}, whichever is larger "
-        f"(rounding an fp32 accumulator to 16 bits inside the K loop costs this much)")
+        f"(rounding an fp32 accumulator to 16 bits inside the K or key-tile loop costs this much)")
     return err
 
 

@@ -7,6 +7,7 @@ never mistaken for GPU time.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +25,19 @@ class Timing:
     def __str__(self) -> str:
         label = "" if self.clock == "cuda-events" else " (CPU wall time)"
         return f"{self.median_ms:.4f} ms{label}"
+
+
+def geomean(ratios: list[float]) -> float:
+    """Geometric mean of positive ratios (speedups, time ratios over several shapes): a 2x win on one
+    shape and a 2x loss on another make 1x. NaN for none."""
+    if any(not x > 0 for x in ratios):
+        raise ValueError(f"ratios must be positive numbers, got {ratios}")
+    return math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+
+
+def fmt_ratio(x: float) -> str:
+    """``1.23x``, or ``-`` for NaN (not timed)."""
+    return f"{x:.2f}x" if x == x else "-"
 
 
 #: How long the course's autotuners time each candidate config: 5 ms of warm-up and 25 ms of runs

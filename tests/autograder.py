@@ -12,7 +12,7 @@ impl and pass on the untouched stubs. The rest check the course itself. Tests ma
 elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU). Tests marked
 ``mutants`` are the slow course self-checks (every buggy variant in tests/mutants/ is caught by
 the graded tests and, where it says so, by the grader alone; the untouched stubs fail every
-graded test): they skip unless ``--mutants`` is given. ``make test`` (and so CI) gives it; a
+graded test; the grader, run on whole trees, scores solutions, stubs and cheats as it should): they skip unless ``--mutants`` is given. ``make test`` (and so CI) gives it; a
 plain ``pytest`` on a GPU machine leaves them out.
 """
 from __future__ import annotations

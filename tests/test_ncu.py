@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from common import ncu
+from common import HAS_CUDA, ncu
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "tests" / "data" / "ncu_raw_a05.csv"
@@ -211,6 +211,7 @@ def test_front_end_without_a_gpu(tmp_path, monkeypatch, capsys):
     assert "there is no CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU path: on a GPU the case builds (ncu_run.sh profiles it)")
 def test_child_reports_a_case_that_cannot_run():
     """The process ncu starts: on a CPU the case cannot be built (CUDA tensors); it says why
     on the line the front end reads, instead of profiling nothing."""

@@ -143,3 +143,24 @@ def test_executor_keeps_streams_results_figures_and_errors(tmp_path):
     assert "def f():" in "".join(out[2]["outputs"][0]["text"])   # cell source visible to inspect (Triton needs it)
     assert out[3]["outputs"][0]["output_type"] == "error" and out[3]["outputs"][0]["ename"] == "ValueError"
     assert "".join(out[4]["outputs"][0]["text"]) == "still runs\n"
+
+
+def test_executor_ignores_an_inline_backend_from_the_environment(tmp_path):
+    """A GPU image may export MPLBACKEND=module://matplotlib_inline.backend_inline (Jupyter's);
+    where matplotlib_inline is not installed, `import matplotlib` itself fails on it. The executor
+    draws with Agg regardless. A fresh process (matplotlib reads MPLBACKEND once, on import), with
+    a backend name no matplotlib accepts, so this fails without the fix here too."""
+    import os
+    import subprocess
+    nb = {"cells": [{"cell_type": "code", "id": "c0", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    src = tmp_path / "t.ipynb"
+    src.write_text(json.dumps(nb))
+    tool = Path(__file__).resolve().parents[1] / "lectures" / "_tools" / "execute.py"
+    env = {**os.environ, "MPLBACKEND": "no_such_backend"}
+    r = subprocess.run([sys.executable, str(tool), str(src), "--out", str(tmp_path / "out")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((tmp_path / "out" / "t.ipynb").read_text())["cells"]
+    assert "image/png" in out[0]["outputs"][0]["data"]

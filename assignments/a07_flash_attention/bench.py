@@ -43,7 +43,7 @@ from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.roofline import attention_flops
 from common.shapes import ATTENTION_HEADS, attention_batch
 from common.testing import rel_error
-from common.timing import bench
+from common.timing import bench, fmt_ratio, geomean
 
 #: Set once by main() from --impl: the impl's two modules, and where the results go.
 flash_torch = flash_triton = None
@@ -397,21 +397,13 @@ def load_real(path: Path) -> list[dict]:
     return rows
 
 
-def _geomean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-def _x(v):
-    return f"{v:.2f}x" if v == v else "-"
-
-
 def real_summary(rows, key):
     """Ratios of one pass (``key``: ratio_fwd or ratio_fwdbwd): min (and where), geomean, counts."""
     timed = [r for r in rows if r[key] == r[key]]
     low = min(timed, key=lambda r: r[key], default=None)
     return dict(n=len(timed), bad=len(rows) - len(timed), min=low[key] if low else float("nan"),
                 at=f"S={low['S']} d={low['d']} causal={low['causal']} B·H={low['BH']}" if low else "",
-                geomean=_geomean([r[key] for r in timed]))
+                geomean=geomean([r[key] for r in timed]))
 
 
 def report_real(rows, out: Path, cmd: str):
@@ -434,7 +426,8 @@ def report_real(rows, out: Path, cmd: str):
         s = real_summary(rows, key)
         ok = "met" if s["n"] and not s["bad"] and s["min"] >= need else "**NOT met**"
         ok += f" ({s['bad']} not timed: wrong or out of memory)" if s["bad"] else ""
-        lines.append(f"| {label} | {need:.2f}x | {s['n']} | {_x(s['min'])} | {s['at']} | {_x(s['geomean'])} | {ok} |")
+        lines.append(f"| {label} | {need:.2f}x | {s['n']} | {fmt_ratio(s['min'])} | {s['at']} | "
+                     f"{fmt_ratio(s['geomean'])} | {ok} |")
     lines += ["", "## Minimum and geometric mean per pass, head size and mask", "",
               "| d | causal | fwd min | fwd geomean | fwd+bwd min | fwd+bwd geomean |", "|---|---|---|---|---|---|"]
     for d in sorted({r["d"] for r in rows}):
@@ -442,16 +435,17 @@ def report_real(rows, out: Path, cmd: str):
             rr = [r for r in rows if r["d"] == d and r["causal"] == causal]
             if rr:
                 f, fb = real_summary(rr, "ratio_fwd"), real_summary(rr, "ratio_fwdbwd")
-                lines.append(f"| {d} | {causal} | {_x(f['min'])} | {_x(f['geomean'])} | {_x(fb['min'])} | "
-                             f"{_x(fb['geomean'])} |")
+                lines.append(f"| {d} | {causal} | {fmt_ratio(f['min'])} | {fmt_ratio(f['geomean'])} | "
+                             f"{fmt_ratio(fb['min'])} | {fmt_ratio(fb['geomean'])} |")
     lines += ["", "## Per shape (TFLOP/s; ms)", "",
               "| S | d | causal | B·H | fwd Triton | fwd SDPA | fwd ratio | fwd+bwd Triton | fwd+bwd SDPA | "
               "fwd+bwd ratio | Triton fwd / bwd ms | note |", "|---" * 12 + "|"]
     for r in rows:
         if r["ratio_fwd"] == r["ratio_fwd"]:
             lines.append(f"| {r['S']} | {r['d']} | {r['causal']} | {r['BH']} | {r['triton_fwd_tflops']:.1f} | "
-                         f"{r['sdpa_fwd_tflops']:.1f} | {_x(r['ratio_fwd'])} | {r['triton_fwdbwd_tflops']:.1f} | "
-                         f"{r['sdpa_fwdbwd_tflops']:.1f} | {_x(r['ratio_fwdbwd'])} | "
+                         f"{r['sdpa_fwd_tflops']:.1f} | {fmt_ratio(r['ratio_fwd'])} | "
+                         f"{r['triton_fwdbwd_tflops']:.1f} | "
+                         f"{r['sdpa_fwdbwd_tflops']:.1f} | {fmt_ratio(r['ratio_fwdbwd'])} | "
                          f"{r['triton_fwd_ms']:.3f} / {r['triton_bwd_ms']:.3f} | |")
         else:
             lines.append(f"| {r['S']} | {r['d']} | {r['causal']} | {r['BH']} |" + " |" * 7 + f" {r['note']} |")

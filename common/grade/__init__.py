@@ -23,10 +23,12 @@ raises, hangs or crashes fails that stage only. A stage's grade has two parts:
 The package, one concern a module:
 
 * ``worker.py``: one stage's trials and timing, run in a subprocess
-  (``python -m common.grade.worker``); returns a typed :class:`~.worker.WorkerResult`,
+  (``python -m common.grade.worker``); returns a typed :class:`~.result.WorkerResult`,
   passed to the parent as JSON.
 * ``run.py``: one implementation, stage by stage: the stage's tests and the worker, each in
   a subprocess with a time limit, and the :class:`~.report.StageResult` made from both.
+* ``result.py``: :class:`~.result.WorkerResult`, the worker's findings (its fields are the
+  first of :class:`~.report.StageResult`'s).
 * ``score.py``: the scoring rules (pure functions, named constants).
 * ``report.py``: :class:`~.report.StageResult` and its renderings: the table, the JSON report,
   Gradescope's results.json, the plots.

@@ -6,45 +6,23 @@ report (``--json``, ``--json-out``; committed examples in ``lectures/results/gra
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .result import WorkerResult
 from .score import CORRECT_POINTS, SCORE_DECIMALS
 
 
 @dataclass
-class StageResult:
+class StageResult(WorkerResult):
+    """One stage's row: the worker's findings (:class:`~.result.WorkerResult`'s fields; ``correctness``
+    and ``message`` here also count the tests: pass | partial (trials passed, a test failed) | fail |
+    needs a GPU), the stage's tests and its score."""
     stage: str
     title: str
     tests_passed: int = 0
     tests_failed: int = 0
     tests_skipped: int = 0
-    trials_passed: int = 0
-    trials_total: int = 0
-    worst_error: float | None = None
-    tolerance: float | None = None
-    violations: list[str] = field(default_factory=list)
-    correctness: str = "fail"          # pass | partial (trials passed, a test failed) | fail | needs a GPU
-    message: str = ""
-    not_implemented: list[str] = field(default_factory=list)   # NotImplementedError / output never written
-    ms: float | None = None
-    baseline_ms: float | None = None
-    baseline: str = ""
-    perf_label: str = ""
-    speedup: float | None = None
-    bound: str | None = None
-    roofline_fraction: float | None = None
-    kernels_per_call: int | None = None
-    host_transfers_per_call: int | None = None
-    perf_note: str = ""
-    timing: str = ""                   # how ms and baseline_ms were measured
-    perf_target: float | None = None
-    flops: float | None = None
-    bytes: float | None = None
-    ceilings: dict | None = None
-    #: per timed shape (WorkerResult.cases); with several, ms / baseline_ms / flops / bytes above are
-    #: their sums and speedup (what is scored) the geometric mean of their speedups
-    cases: list[dict] = field(default_factory=list)
     score: float = 0.0
     max_score: float = CORRECT_POINTS
     seconds: float = 0.0
@@ -193,4 +171,4 @@ def report_json(results: list[StageResult], impl: str, gpu: str, seconds: float)
     """The JSON report (``--json``, ``--json-out``)."""
     return {"impl": impl, "gpu": gpu, "seconds": round(seconds, 1),
             "total": round(sum(r.score for r in results), SCORE_DECIMALS), "max": sum(r.max_score for r in results),
-            "stages": [asdict(r) for r in results]}
+            "stages": [{"stage": r.stage, "title": r.title, **asdict(r)} for r in results]}  # stage and title first

@@ -14,13 +14,9 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from .report import StageResult
+from .result import WorkerResult
 from .score import FAIL, score
-
-if TYPE_CHECKING:
-    from .worker import WorkerResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,9 +73,9 @@ def _died(returncode: int) -> str:
 
 
 def _run_worker(impl: Path, key: str, timeout: float) -> WorkerResult:
-    """The worker's :class:`~.worker.WorkerResult` for one stage, or a failed one saying why
+    """The worker's :class:`~.result.WorkerResult` for one stage, or a failed one saying why
     there is none (a time-out, a crash)."""
-    from .worker import MARK, WorkerResult     # not at import: ``python -m common.grade.worker`` imports this package first
+    from .worker import MARK     # not at import: ``python -m common.grade.worker`` imports this package first
     cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl)]
     try:
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -111,7 +107,7 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
     s = score(tests_passed=passed, tests_failed=failed, trials=w.correctness, violations=bool(w.violations),
               run_tests=run_tests, timed=HAS_CUDA and stage.perf is not None, speedup=w.speedup,
               perf_target=stage.perf_target)
-    found = {f.name: getattr(w, f.name) for f in fields(w)}     # each a StageResult field of the same name
+    found = {f.name: getattr(w, f.name) for f in fields(w)}     # StageResult extends WorkerResult
     found.update(correctness=s.correctness, message=message, not_implemented=not_implemented)
     return StageResult(stage.folder, stage.title, tests_passed=passed, tests_failed=failed, tests_skipped=skipped,
                        score=s.score, max_score=s.max_score, seconds=round(time.time() - t0, 1), **found)

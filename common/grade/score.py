@@ -5,8 +5,9 @@ in the README's "How you are scored".
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from common.timing import geomean
 
 #: correctness points per stage
 CORRECT_POINTS = 10.0
@@ -75,9 +76,9 @@ def correctness_points(tests_passed: int, tests_failed: int, trials: str, run_te
 def combined_speedup(speedups: list[float]) -> float:
     """The speedup a stage timed at several shapes is scored by: the geometric mean of its
     per-shape speedups (a 2x win on one shape and a 2x loss on another make 1x)."""
-    if not speedups or any(not x > 0 for x in speedups):
-        raise ValueError(f"speedups must be positive numbers, got {speedups}")
-    return math.exp(sum(math.log(x) for x in speedups) / len(speedups))
+    if not speedups:
+        raise ValueError("no speedups to combine")
+    return geomean(speedups)
 
 
 def perf_points(speedup: float, perf_target: float) -> float:

@@ -14,53 +14,13 @@ import json
 import random
 import sys
 import traceback
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 
+from .result import WorkerResult
 from .score import FAIL, NEEDS_GPU, PASS, combined_speedup
 
 #: the line of the worker's stdout that carries its result
 MARK = "@@GRADE-RESULT@@"
-
-
-@dataclass
-class WorkerResult:
-    """What the worker found: the trials' verdict and, when timed, the performance numbers.
-    Each field is the :class:`~common.grade.report.StageResult` field of the same name."""
-    correctness: str = FAIL            # pass | fail | needs a GPU (the trials' verdict)
-    message: str = ""
-    violations: list[str] = field(default_factory=list)
-    not_implemented: list[str] = field(default_factory=list)   # NotImplementedError / output never written
-    trials_passed: int = 0
-    trials_total: int = 0
-    worst_error: float | None = None
-    tolerance: float | None = None
-    perf_note: str = ""
-    timing: str = ""                   # how ms and baseline_ms were measured
-    ms: float | None = None
-    baseline_ms: float | None = None
-    baseline: str = ""
-    perf_label: str = ""
-    speedup: float | None = None
-    bound: str | None = None
-    roofline_fraction: float | None = None
-    kernels_per_call: int | None = None
-    host_transfers_per_call: int | None = None
-    flops: float | None = None
-    bytes: float | None = None
-    ceilings: dict | None = None
-    perf_target: float | None = None
-    #: one dict per timed shape (label, ms, baseline_ms, speedup, flops, bytes, bound,
-    #: roofline_fraction, timing, kernels_per_call, host_transfers_per_call); the fields above
-    #: sum them up (summarize): ``speedup``, what is scored, is their speedups' geometric mean
-    cases: list[dict] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), default=float)
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerResult:
-        data = json.loads(text)
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 # =============================================================================== the trials

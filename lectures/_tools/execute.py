@@ -123,7 +123,9 @@ def _write(nb: dict, out_path: Path) -> None:
 
 def execute_one(path: Path, out_path: Path, allow_errors: bool = False) -> bool:
     """Execute one notebook in this process; write it with outputs to ``out_path``."""
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    # Agg, whatever the environment says: a GPU image may set MPLBACKEND to Jupyter's inline
+    # backend (matplotlib_inline), which outside Jupyter makes `import matplotlib` itself fail.
+    os.environ["MPLBACKEND"] = "Agg"
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

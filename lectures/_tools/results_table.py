@@ -130,6 +130,52 @@ def attention_row() -> list[str]:
     return ["7 flash attention, S=4096", result, f"fwd 0.8x, bwd 0.6x: {_status(misses)}"]
 
 
+def _geomean(values) -> float:
+    import math   # (common.timing.geomean's twin: this tool uses the standard library only)
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def matmul_real_row() -> list[str]:
+    """The real-shape sweep (issue #12): floors judged as the minimum over the GPT-2 shapes."""
+    rows = [r for r in _rows("a06_matmul_real_shapes.csv") if r["ratio"] and r["impl"] != "cuBLAS"]
+    kernels = (("Triton", "bfloat16", "Triton bf16", 0.85), ("Triton tf32", "float32", "TF32", 0.8),
+               ("CUDA v7", "bfloat16", "v7", 0.8))
+    parts, misses = [], []
+    for impl, dtype, label, floor in kernels:
+        gpt2 = [(_f(r["ratio"]), r["shape"]) for r in rows
+                if r["impl"] == impl and r["dtype"] == dtype and r["section"] == "gpt2"]
+        lo, at = min(gpt2)
+        parts.append(f"{label} {lo:.2f}x over {len(gpt2)} (at {at}; geomean {_geomean(v for v, _ in gpt2):.2f}x)")
+        if lo < floor:
+            misses.append(f"{label} {lo:.2f}x")
+    everything = [(_f(r["ratio"]), r["shape"]) for r in rows if r["impl"] == "Triton" and r["dtype"] == "bfloat16"]
+    lo, at = min(everything)
+    result = ("minimum ratio to cuBLAS over the GPT-2 GEMMs: " + "; ".join(parts) + f"; Triton bf16 over all {len(everything)} shapes (decode, odd, "
+              f"unaligned): {lo:.2f}x at {at}")
+    return ["6 matmul, real shapes (GPT-2 small-XL, 512-16k tokens, decode, unaligned)", result,
+            f"0.85x; 0.8x; 0.8x, minimum over the GPT-2 shapes: {_status(misses)}"]
+
+
+def attention_real_row() -> list[str]:
+    """The real-shape sweep (issue #12): floors judged as the minimum over every shape."""
+    rows = [r for r in _rows("a07_real_shapes.csv") if r["ratio_fwd"]]
+
+    def where(r):
+        return f"S={r['S']} d={r['d']}{' causal' if r['causal'] == 'True' else ''}"
+    parts, misses = [], []
+    for key, label, floor in (("ratio_fwd", "forward", 0.9), ("ratio_fwdbwd", "forward+backward", 0.8)):
+        worst = min(rows, key=lambda r: _f(r[key]))
+        lo = _f(worst[key])
+        parts.append(f"{label} {lo:.2f}x (at {where(worst)}; geomean {_geomean(_f(r[key]) for r in rows):.2f}x)")
+        if lo < floor:
+            misses.append(f"{label} {lo:.2f}x")
+    d64 = [_f(r["ratio_fwd"]) for r in rows if r["d"] == "64"]
+    result = (f"minimum ratio to SDPA over {len(rows)} shapes (S=512-16384 and 1000, 1537; d=64, 128; causal and not; "
+              f"B·H 12-512): " + "; ".join(parts) + f"; d=64 forward alone {_span(d64)}")
+    return ["7 flash attention, real shapes", result, f"fwd 0.9x, fwd+bwd 0.8x, minimum over the sweep: {_status(misses)}"]
+
+
 def _rechecks() -> dict[tuple[str, str, str], dict[str, float]]:
     """Stage-8 cases measured again (``a08_*recheck*.log``: the bench's ``model=.. prompt=..
     batch=.. key=value`` lines), by (model, prompt, batch)."""
@@ -180,7 +226,7 @@ def gpt2_row() -> list[str]:
     return [stage, result, f"decode ≥ 3x eager at batch 1, ≥ 1.0x compiled; prefill ≥ 1.0x eager: {_status(misses)}"]
 
 
-ROWS = (linear_row, gelu_row, matmul_row, attention_row, gpt2_row)
+ROWS = (linear_row, gelu_row, matmul_row, matmul_real_row, attention_row, attention_real_row, gpt2_row)
 
 
 def table() -> str:

@@ -42,7 +42,7 @@ from common.impl import REPO, Impl, add_impl_argument, command_line, results_dir
 from common.roofline import matmul_flops
 from common.shapes import GPT2_MODELS, gpt2_gemms
 from common.testing import rel_error
-from common.timing import bench, bench_graph
+from common.timing import bench, bench_graph, fmt_ratio, geomean
 
 STAGE = "a06_matmul"
 SQUARE = [512, 1024, 2048, 3072, 4096, 6144, 8192]
@@ -298,14 +298,6 @@ def _ratio(r: dict) -> float:
     return float("nan") if x == "" else x
 
 
-def _x(v: float) -> str:
-    return f"{v:.2f}x" if v == v else "-"
-
-
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
 def real_summary(rows: list[dict], impl: str, dtype: str, sections) -> dict:
     """Ratios to cuBLAS of one kernel over the shapes of ``sections``: the minimum (and where),
     the geometric mean, how many were timed, wrong (failed the check) or skipped."""
@@ -315,7 +307,7 @@ def real_summary(rows: list[dict], impl: str, dtype: str, sections) -> dict:
     low = min(timed, key=lambda r: r["ratio"], default=None)
     return dict(n=len(timed), wrong=len(wrong), skipped=len(rs) - len(timed) - len(wrong),
                 min=low["ratio"] if low else float("nan"), at=low["shape"] if low else "",
-                geomean=_geomean([r["ratio"] for r in timed]),
+                geomean=geomean([r["ratio"] for r in timed]),
                 skip_note=next((r["note"] for r in rs if str(r.get("note", "")).startswith("skipped")), ""))
 
 
@@ -346,8 +338,8 @@ def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
             verdict = "met" if s["wrong"] == 0 and s["min"] >= need else "**NOT met**"
             if s["wrong"]:
                 verdict += f" ({s['wrong']} wrong outputs)"
-        md.append(f"| {impl} | {dt} | {base} | {need:.2f}x | {s['n']} | {_x(s['min'])} | {s['at']} | "
-                  f"{_x(s['geomean'])} | {verdict} |")
+        md.append(f"| {impl} | {dt} | {base} | {need:.2f}x | {s['n']} | {fmt_ratio(s['min'])} | {s['at']} | "
+                  f"{fmt_ratio(s['geomean'])} | {verdict} |")
     md += ["", "## Minimum and geometric mean of the ratio to cuBLAS, per kernel, dtype and shape set", "",
            "| kernel | dtype | shapes | timed | wrong | skipped | min ratio | at | geomean |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -355,8 +347,8 @@ def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
         for secs, label in [((k,), v) for k, v in REAL_SECTIONS.items()] + [(tuple(REAL_SECTIONS), "all")]:
             s = real_summary(rows, impl, dt, secs)
             if s["n"] or s["wrong"] or s["skipped"]:
-                md.append(f"| {impl} | {dt} | {label} | {s['n']} | {s['wrong']} | {s['skipped']} | {_x(s['min'])} | "
-                          f"{s['at']} | {_x(s['geomean'])} |")
+                md.append(f"| {impl} | {dt} | {label} | {s['n']} | {s['wrong']} | {s['skipped']} | "
+                          f"{fmt_ratio(s['min'])} | {s['at']} | {fmt_ratio(s['geomean'])} |")
     for dt, base, kernels in (("bfloat16", "cuBLAS", ("Triton", "CUDA v7")),
                               ("float32", "cuBLAS tf32", ("Triton tf32",))):
         rs = [r for r in rows if r["dtype"] == dt]

@@ -14,7 +14,8 @@ One program computes a BLOCK_M x BLOCK_N tile of C:
      GELU-tanh, then one cast and one store. Unfused, the same work is a GEMM that writes C
      plus an elementwise kernel that reads C and writes it again.
 Block shapes, warps and pipeline stages are autotuned per (power-of-two bucket of M, N, K,
-dtype, epilogue): tuned on the first M of a bucket, reused for the rest.
+dtype, epilogue): tuned on the first M of a bucket, reused for the rest; tiny weights (fewer
+than TINY_WEIGHT elements) get one fixed config instead.
 Under the Triton interpreter (CPU, ``import common``) a single small config is used.
 
 Bench: ``python -m solutions.a06_matmul.bench`` (H100 numbers in lectures/results/a06_matmul.md).
@@ -177,6 +178,12 @@ _matmul_autotuned = triton.autotune(
 )(triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(matmul_kernel))
 
 
+#: On a GPU, weights b of fewer than TINY_WEIGHT elements (N·K) are not autotuned: such a GEMM is a few
+#: microseconds, launch-bound, and tuning it (a compile and a timing per candidate config, per bucket
+#: of M) costs seconds that no config could win back. GPT-2's smallest weight is 768 x 768; tiny
+#: models (the tests' two-layer GPT-2 with d_model = 64) run TINY_CONFIG.
+TINY_WEIGHT = 1 << 17
+TINY_CONFIG = (32, 64, 64, 4, 2)
 #: The autotuner's pick per (power-of-two bucket of M, N, K, dtype, epilogue, precision, B layout).
 _TUNED: dict[tuple, tuple[int, int, int, int, int]] = {}
 
@@ -197,7 +204,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     dtype) and returns it. Accumulates in fp32; float32 inputs use TF32 tensor cores
     unless ``allow_tf32=False``. With fp16/bf16 on a GPU the GELU uses the hardware tanh
     approximation unless ``fast_tanh=False``. ``config`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
-    num_stages) bypasses the autotuner (used by the benchmarks).
+    num_stages) bypasses the autotuner (used by the benchmarks; b of fewer than TINY_WEIGHT
+    elements runs TINY_CONFIG on a GPU).
     """
     check_tensor(a, "a", min_ndim=1)
     check_tensor(b, "b", ndim=2)
@@ -232,6 +240,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
                 INPUT_PRECISION="tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee",
                 DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16,
                 FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32)
+    if config is None and n * k < TINY_WEIGHT and not TRITON_INTERPRET:
+        config = TINY_CONFIG
     if config is None:
         # The autotuner tunes per exact M; a model calls matmul with many M (B·T changes with every
         # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
