@@ -103,29 +103,42 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
 // barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
 // Watchdog (draft: not yet run on a GPU): a wait that never ends (a wrong parity, a byte count
-// TMA never delivers) traps after A07C_SPIN_LIMIT tries (seconds) instead of hanging the GPU
-// ("unspecified launch failure"). -DA07C_DEBUG_HANG also prints which barrier, but printf is a
-// function call, and a call anywhere in the kernel makes ptxas serialise every wgmma (C7510):
-// debug builds only. -DA07C_SPIN_LIMIT=0 leaves the watchdog out.
-#ifndef A07C_SPIN_LIMIT
-#define A07C_SPIN_LIMIT (1u << 28)
+// TMA never delivers) traps after A07C_HANG_NS nanoseconds of the GPU's %globaltimer (default
+// 10 s) instead of hanging the GPU: the launch fails with "unspecified launch failure". It is
+// timed, not counted: try_wait suspends the thread for a system-dependent time that the PTX ISA
+// leaves unspecified, so a count of tries has no known duration. -DA07C_DEBUG_HANG also prints
+// which barrier (lane 0 of each stuck warp), but printf is a function call, and a call anywhere
+// in the kernel makes ptxas serialise every wgmma (C7510): debug builds only.
+// -DA07C_HANG_NS=0 leaves the watchdog out.
+#ifndef A07C_HANG_NS
+#define A07C_HANG_NS 10000000000ull
 #endif
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-#if A07C_SPIN_LIMIT
-    uint32_t tries = 0;
+    if (mbar_try_wait(bar, parity)) return;
+#if A07C_HANG_NS
+    const uint64_t t0 = globaltimer_ns();
 #endif
-    while (!done) {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-#if A07C_SPIN_LIMIT
-        if (!done && ++tries == A07C_SPIN_LIMIT) {
+    while (!mbar_try_wait(bar, parity)) {
+#if A07C_HANG_NS
+        if (globaltimer_ns() - t0 > (uint64_t)(A07C_HANG_NS)) {
 #ifdef A07C_DEBUG_HANG
-            printf("a07c: mbarrier wait stuck: block (%d, %d) thread %d, barrier at smem 0x%x, parity %u\n",
-                   (int)blockIdx.x, (int)blockIdx.y, (int)threadIdx.x, bar, parity);
+            if ((threadIdx.x & 31) == 0)
+                printf("a07c: mbarrier wait stuck: block (%d, %d) thread %d, barrier at smem 0x%x, parity %u\n",
+                       (int)blockIdx.x, (int)blockIdx.y, (int)threadIdx.x, bar, parity);
 #endif
             __trap();
         }
@@ -290,6 +303,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
             mbar_init(smem_u32(&empty[s]), CONSUMERS * 128);     // every consumer thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the inits, seen by TMA (async proxy)
     }
     __syncthreads();
 

@@ -12,6 +12,7 @@ cached (common.cuda_ext.load_op). Forward only: no autograd (the backward is sta
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -42,8 +43,15 @@ def _require_hopper(device: torch.device) -> None:
 
 def _op():
     # sm_90a: the target with wgmma and setmaxnreg (an -arch flag here replaces torch's own).
-    load_op("a07c_flash_hopper", SOURCES, namespace=NAMESPACE,
-            extra_cuda_cflags=["-gencode=arch=compute_90a,code=sm_90a", "-DA07C_SM90A"])
+    # A07C_DEBUG_HANG=1 in the environment builds the variant whose mbarrier watchdog prints the
+    # stuck barrier before it traps (printf: its wgmma's are serialised, so for debugging only;
+    # a separate build, and one process loads one of the two: both register the same op).
+    flags = ["-gencode=arch=compute_90a,code=sm_90a", "-DA07C_SM90A"]
+    name = "a07c_flash_hopper"
+    if os.environ.get("A07C_DEBUG_HANG") == "1":
+        flags.append("-DA07C_DEBUG_HANG")
+        name += "_debug"
+    load_op(name, SOURCES, namespace=NAMESPACE, extra_cuda_cflags=flags)
     return getattr(torch.ops, NAMESPACE).attention_fwd_hopper
 
 
