@@ -186,3 +186,19 @@ def test_hopper_kernel_keeps_wgmma_async():
     assert "C7510" not in log and "serialized" not in log, f"ptxas serialises the wgmma's:\n{log}"
     spills = [ln for ln in log.splitlines() if "spill" in ln and not ln.strip().startswith("0 bytes stack frame, 0 bytes spill")]
     assert not spills, "register spills:\n" + "\n".join(spills)
+
+
+@pytest.mark.nvcc
+def test_hopper_tma_plan_and_descriptors_emulated():
+    """The kernel's host code and shared-memory plan, checked on a CPU: experiments/
+    a07c_host_check.cu runs launch()'s make_map calls against a mock cuTensorMapEncodeTiled that
+    enforces the driver's documented limits (dims {d, S, B*H}, byte strides multiple of 16, box
+    <= 256, 128-byte inner box for SWIZZLE_128B, zero fill) and checks each expect-tx count against
+    the full boxes TMA delivers (rows past S included); a07c_layout_emu.py then emulates the TMA
+    copies (swizzle, zero fill), decodes every wgmma descriptor of Plan<D> (K-major Q/K, MN-major
+    V: start, LBO, SBO) byte by byte, and runs the consumers' per-lane math against float64."""
+    import subprocess
+    import sys
+    script = REPO / "lectures" / "results" / "experiments" / "a07c_layout_emu.py"
+    r = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "emulation ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

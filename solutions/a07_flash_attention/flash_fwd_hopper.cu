@@ -161,10 +161,41 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 }
 // wgmma shared-memory matrix descriptor: start address, leading/stride byte offsets (all
 // in 16-byte units), swizzle mode 1 = 128-byte swizzle (the layout TMA wrote).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+__host__ __device__ constexpr uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
+// The shared-memory plan, from the 1024-byte aligned base: Q | K ring | V ring, each tile as
+// PANELS boxes of [rows][64 columns] (16 KB each) side by side; and the wgmma descriptors of
+// each k16 step. The kernel uses these, and so does the CPU check of the plan (experiments/
+// a07c_host_check.cu + a07c_layout_emu.py: TMA boxes, 128-byte swizzle and descriptors
+// emulated byte by byte, expect-tx counts against the tensor maps' boxes).
+template <int D>
+struct Plan {
+    using C = Cfg<D>;
+    // TMA destinations: box p (columns 64p..64p+63) of the Q tile, of K / V tile in slot s.
+    static __host__ __device__ constexpr uint32_t q_panel(uint32_t base, int p) { return base + p * C::Q_PANEL_BYTES; }
+    static __host__ __device__ constexpr uint32_t k_panel(uint32_t base, int s, int p) {
+        return base + C::Q_BYTES + s * C::KV_BYTES + p * C::KV_PANEL_BYTES;
+    }
+    static __host__ __device__ constexpr uint32_t v_panel(uint32_t base, int s, int p) {
+        return base + C::Q_BYTES + (C::STAGES + s) * C::KV_BYTES + p * C::KV_PANEL_BYTES;
+    }
+    // S = Q K^T, k-th 16-column step of d, consumer warpgroup c (rows 64c..64c+63 of the Q
+    // tile). Both K-major, 128-byte rows: the step starts 32 bytes into the row (the hardware
+    // applies the swizzle); SBO = 8 rows * 128 B; LBO unused for swizzled K-major (1).
+    static __host__ __device__ constexpr uint64_t desc_q(uint32_t base, int c, int k) {
+        return smem_desc(q_panel(base, k / 4) + c * 64 * PANEL_ROW_BYTES + (k % 4) * 32, 16, 1024);
+    }
+    static __host__ __device__ constexpr uint64_t desc_k(uint32_t base, int s, int k) {
+        return smem_desc(k_panel(base, s, k / 4) + (k % 4) * 32, 16, 1024);
+    }
+    // O += P V, kk-th 16-key step: V [128 keys][d] row-major is the MN-major (transposed) B.
+    // LBO = from one 64-column panel to the next along d, SBO = from 8 key rows to the next 8.
+    static __host__ __device__ constexpr uint64_t desc_v(uint32_t base, int s, int kk) {
+        return smem_desc(v_panel(base, s, 0) + kk * 16 * PANEL_ROW_BYTES, C::KV_PANEL_BYTES, 1024);
+    }
+};
 // 2^x in one MUFU instruction (ex2.approx(-inf) = +0, which the masking relies on).
 __device__ __forceinline__ float ex2(float x) {
     float y;
@@ -277,15 +308,13 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
                  int S, float scale_log2) {
 #if A07C_HAS_WGMMA
     using C = Cfg<D>;
+    using P = Plan<D>;
     constexpr int STAGES = C::STAGES;
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) uint64_t q_full, k_full[STAGES], v_full[STAGES], empty[STAGES];
     // 128-byte swizzled tiles must start on a 1024-byte boundary. Layout: Q | K ring | V ring,
     // each tile as PANELS boxes of [rows][64 columns] (16 KB each), side by side.
-    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    const uint32_t q_tile = base;
-    auto k_tile = [&](int s) { return base + C::Q_BYTES + s * C::KV_BYTES; };
-    auto v_tile = [&](int s) { return base + C::Q_BYTES + (STAGES + s) * C::KV_BYTES; };
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;   // P::q_panel, k_panel, ... from here
 
     const int bh = blockIdx.y;
     // Causal: the last query blocks see the most keys; start them first (fewer stragglers).
@@ -309,21 +338,22 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
 
     // TODO(a07 7c): the producer and consumer loops and the epilogue. Outline:
     //  * producer (wg == 0): setmaxnreg_dec<24>(); thread t == 0 alone: the Q block once
-    //    (mbar_arrive_expect_tx(q_full, Q_BYTES), PANELS boxes at (x = 64p, y = m0, z = bh)),
-    //    then for each key tile j: slot s = j % STAGES, phase = (j / STAGES) & 1; wait
-    //    empty[s] for parity phase ^ 1; expect KV_BYTES on k_full[s], TMA the K boxes
-    //    (x = 64p, y = j*BN, z = bh); the same for V on v_full[s].
+    //    (mbar_arrive_expect_tx(q_full, Q_BYTES), PANELS boxes at (x = 64p, y = m0, z = bh)
+    //    into P::q_panel(base, p)), then for each key tile j: slot s = j % STAGES, phase =
+    //    (j / STAGES) & 1; wait empty[s] for parity phase ^ 1; expect KV_BYTES on k_full[s],
+    //    TMA the K boxes (x = 64p, y = j*BN, z = bh) into P::k_panel(base, s, p); the same
+    //    for V on v_full[s] into P::v_panel(base, s, p).
     //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); c = wg - 1 owns query rows m0 + 64c ..;
     //    thread (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
-    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Per tile: wait k_full; S = 0; for
-    //    each 16-column step k of d (consumers wait with mbar_wait_warp): wgmma_ss_m64n128k16 with Q descriptor
-    //    smem_desc(q_tile + (k/4)*Q_PANEL_BYTES + c*64*128 + (k%4)*32, 16, 1024) and K descriptor
-    //    smem_desc(k_tile(s) + (k/4)*KV_PANEL_BYTES + (k%4)*32, 16, 1024); commit, wait<0>.
+    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Per tile: S = 0 (then
+    //    fence_operands(S)); wait k_full (consumers wait with mbar_wait_warp); wgmma_fence();
+    //    for each 16-column step k of d: wgmma_ss_m64n128k16(S, P::desc_q(base, c, k),
+    //    P::desc_k(base, s, k)); commit, wait<0>, fence_operands(S).
     //    Mask (-inf) columns >= S and, causal, columns > row. Online softmax in the exp2
     //    domain (row max over the 4 lanes of a row: __shfl_xor_sync 1 and 2). P to bf16:
-    //    register a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]). Wait v_full; for each
-    //    16-key step kk: PV<D>::run(o, a[kk], smem_desc(v_tile(s) + kk*16*128, KV_PANEL_BYTES, 1024));
-    //    commit, wait<0>, arrive on empty[s].
+    //    register a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]). fence_operands of o and
+    //    a; wait v_full; wgmma_fence(); for each 16-key step kk: PV<D>::run(o, a[kk],
+    //    P::desc_v(base, s, kk)); commit, wait<0>, fence_operands(o), arrive on empty[s].
     //  * epilogue: O = o / l (l summed over the 4 lanes of a row), rows < S only, and
     //    L = (m + log2 l) * ln 2 from lane l % 4 == 0.
     // SOLUTION
@@ -334,7 +364,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
             mbar_arrive_expect_tx(smem_u32(&q_full), C::Q_BYTES);
 #pragma unroll
             for (int p = 0; p < C::PANELS; ++p)
-                tma_load_3d(q_tile + p * C::Q_PANEL_BYTES, &map_q, p * PANEL, m0, bh, smem_u32(&q_full));
+                tma_load_3d(P::q_panel(base, p), &map_q, p * PANEL, m0, bh, smem_u32(&q_full));
             for (int j = 0; j < n_tiles; ++j) {
                 const int s = j % STAGES;
                 const uint32_t phase = (j / STAGES) & 1;
@@ -342,11 +372,11 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
                 mbar_arrive_expect_tx(smem_u32(&k_full[s]), C::KV_BYTES);
 #pragma unroll
                 for (int p = 0; p < C::PANELS; ++p)
-                    tma_load_3d(k_tile(s) + p * C::KV_PANEL_BYTES, &map_k, p * PANEL, j * BN, bh, smem_u32(&k_full[s]));
+                    tma_load_3d(P::k_panel(base, s, p), &map_k, p * PANEL, j * BN, bh, smem_u32(&k_full[s]));
                 mbar_arrive_expect_tx(smem_u32(&v_full[s]), C::KV_BYTES);
 #pragma unroll
                 for (int p = 0; p < C::PANELS; ++p)
-                    tma_load_3d(v_tile(s) + p * C::KV_PANEL_BYTES, &map_v, p * PANEL, j * BN, bh, smem_u32(&v_full[s]));
+                    tma_load_3d(P::v_panel(base, s, p), &map_v, p * PANEL, j * BN, bh, smem_u32(&v_full[s]));
             }
         }
     } else {
@@ -373,14 +403,8 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
             mbar_wait_warp(smem_u32(&k_full[s]), phase);
             wgmma_fence();
 #pragma unroll
-            for (int k = 0; k < D / 16; ++k) {
-                // Both K-major, 128-byte rows: the k-th 16-column step starts 32 bytes into the
-                // row (the hardware applies the swizzle); SBO = 8 rows * 128 B; LBO unused.
-                const uint64_t dq = smem_desc(q_tile + (k / 4) * C::Q_PANEL_BYTES + c * 64 * PANEL_ROW_BYTES + (k % 4) * 32,
-                                              16, 1024);
-                const uint64_t dk = smem_desc(k_tile(s) + (k / 4) * C::KV_PANEL_BYTES + (k % 4) * 32, 16, 1024);
-                wgmma_ss_m64n128k16(sc, dq, dk);
-            }
+            for (int k = 0; k < D / 16; ++k)
+                wgmma_ss_m64n128k16(sc, P::desc_q(base, c, k), P::desc_k(base, s, k));
             wgmma_commit();
             wgmma_wait<0>();
             fence_operands(sc);
@@ -439,10 +463,7 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
             mbar_wait_warp(smem_u32(&v_full[s]), phase);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                const uint64_t dv = smem_desc(v_tile(s) + kk * 16 * PANEL_ROW_BYTES, C::KV_PANEL_BYTES, 1024);
-                PV<D>::run(o, pa[kk], dv);
-            }
+            for (int kk = 0; kk < BN / 16; ++kk) PV<D>::run(o, pa[kk], P::desc_v(base, s, kk));
             wgmma_commit();
             wgmma_wait<0>();
             fence_operands(o);
