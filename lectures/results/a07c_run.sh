@@ -1,17 +1,20 @@
 #!/bin/bash
-# Stage 7c draft (issue #12) on an H100, in ONE command (under 600 s; 6 files in $OUT):
+# Stage 7c draft (issue #12) on an H100, in ONE command (under 600 s; logs and results in $OUT):
 #   bash lectures/results/a07c_run.sh
 # 1. build.log    GPU, versions, ptxas register/spill report (nvcc -Xptxas -v, sm_90a), the op's
 #                 build through common.cuda_ext.load_op (timed), and a smoke run of each
-#                 (d, causal) at a ragged size against SDPA, one case at a time (a hang shows
-#                 which: the kernel's mbarrier watchdog prints the stuck barrier and traps)
+#                 (d, causal, S) against float64 and SDPA, one case at a time, each named before
+#                 it runs (a hang traps after 10 s: the mbarrier watchdog). If a case fails, it
+#                 runs again in the debug build (A07C_DEBUG_HANG=1, built in the background from
+#                 the start), whose watchdog prints the stuck barrier (block, thread, smem
+#                 address, parity) before it traps; the benchmark is then skipped.
 # 2. pytest.log   tests/test_a07c_flash_hopper.py --impl solutions (float64 reference, SDPA's
 #                 own error, S in {1, 17, 128, 1000, 4096}, d 64/128, causal/not, bad inputs)
 # 3. memcheck.log compute-sanitizer --tool memcheck on small ragged cases (d 64/128, causal/not)
 # 4. bench.log + a07c_flash_hopper.csv/.md: TFLOP/s vs SDPA, bf16, d = 128, S = 2048..16384
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/a07c_out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/a07c_out}; mkdir -p "$OUT"; export OUT
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext}
 PY=${PY:-python3}
 SRC=solutions/a07_flash_attention/flash_fwd_hopper.cu
@@ -19,6 +22,13 @@ NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 t0=$(date +%s)
 step() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
+
+# The debug variant (printf in the watchdog; its wgmma's are serialised), built while the rest runs,
+# so that a failing smoke case can be rerun with it at once. Its own process: both register one op.
+rm -f "$OUT/smoke_case"
+( A07C_DEBUG_HANG=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
+    > "$OUT/debug_build.log" 2>&1 ) &
+DBG_PID=$!
 
 {
   step "GPU"
@@ -30,7 +40,7 @@ step() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
     | grep -E "error|warning|Performance|entry function|spill|Used"
   step "build + smoke"
   timeout 200 $PY - <<'PYEOF' 2>&1
-import time, torch, torch.nn.functional as F
+import os, time, torch, torch.nn.functional as F
 from common.testing import rel_error
 from common import reference as ref
 from solutions.a07_flash_attention import flash_hopper as m
@@ -41,16 +51,35 @@ for d in (128, 64):
         for s in (1, 200, 1000):
             q, k, v = (torch.randn(2, 3, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             print(f"smoke d={d} causal={causal} S={s} ...", end=" ", flush=True)
+            with open(os.environ["OUT"] + "/smoke_case", "w") as f:      # removed when all pass
+                f.write(f"{d} {int(causal)} {s}\n")
             o, lse = m.flash_attention_hopper(q, k, v, causal=causal)
             torch.cuda.synchronize()
             ro, rl = ref.attention(q, k, v, is_causal=causal)
             so = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             print(f"O err {rel_error(o, ro):.2e} (SDPA {rel_error(so, ro):.2e}), L err {rel_error(lse, rl):.2e}, "
                   f"nonfinite {int((~torch.isfinite(o)).sum())}", flush=True)
+os.remove(os.environ["OUT"] + "/smoke_case")
 PYEOF
   echo "smoke exit: $?"
+  if [ -f "$OUT/smoke_case" ]; then
+    read -r SD SC SS < "$OUT/smoke_case"
+    step "smoke failed at d=$SD causal=$SC S=$SS: again with the debug build (A07C_DEBUG_HANG=1)"
+    wait $DBG_PID; echo "debug build exit: $?"; tail -3 "$OUT/debug_build.log"
+    A07C_DEBUG_HANG=1 timeout 90 $PY - "$SD" "$SC" "$SS" <<'PYEOF' 2>&1
+import sys, torch
+from solutions.a07_flash_attention import flash_hopper as m
+d, causal, s = int(sys.argv[1]), bool(int(sys.argv[2])), int(sys.argv[3])
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 3, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+o, lse = m.flash_attention_hopper(q, k, v, causal=causal)
+torch.cuda.synchronize()
+print("debug run finished without a trap; finite:", bool(torch.isfinite(o).all()), flush=True)
+PYEOF
+    echo "debug run exit: $?"
+  fi
 } > "$OUT/build.log" 2>&1
-tail -16 "$OUT/build.log"
+tail -24 "$OUT/build.log"
 
 step "pytest" | tee "$OUT/pytest.log"
 timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -rs -p no:cacheprovider 2>&1 \
@@ -70,6 +99,11 @@ PYEOF
 timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
   $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -12
 
-step "bench" | tee "$OUT/bench.log"
-timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
+wait $DBG_PID 2>/dev/null   # the background build is done before anything is timed
+if [ -f "$OUT/smoke_case" ]; then
+  step "bench skipped: the smoke run failed (build.log)" | tee "$OUT/bench.log"
+else
+  step "bench" | tee "$OUT/bench.log"
+  timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
+fi
 step "done"
