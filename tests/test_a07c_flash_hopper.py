@@ -196,7 +196,8 @@ def test_hopper_tma_plan_and_descriptors_emulated():
     <= 256, 128-byte inner box for SWIZZLE_128B, zero fill) and checks each expect-tx count against
     the full boxes TMA delivers (rows past S included); a07c_layout_emu.py then emulates the TMA
     copies (swizzle, zero fill), decodes every wgmma descriptor of Plan<D> (K-major Q/K, MN-major
-    V: start, LBO, SBO) byte by byte, and runs the consumers' per-lane math against float64."""
+    V: start, LBO, SBO) byte by byte, models the mbarrier protocol (counts, expect-tx, parity) under
+    random schedules, and runs the consumers' per-lane math against float64."""
     import subprocess
     import sys
     script = REPO / "lectures" / "results" / "experiments" / "a07c_layout_emu.py"

@@ -10,7 +10,10 @@ from the tensor maps to the epilogue, with the kernel's own host code and shared
    128-byte swizzle), the bytes each barrier receives against its expect-tx count, and the
    consumers' wgmma operand fetches by decoding the descriptors (PTX ISA canonical layouts:
    K-major SW128 for Q and K, MN-major SW128 for V, LBO / SBO / start address as encoded).
-3. Per lane, with the documented wgmma layouts (accumulator and register-A fragment): masks,
+3. The mbarrier protocol (the kernel's producer / consumer loops re-typed, PTX mbarrier semantics:
+   arrival count, expect-tx bytes, phase parity) under random schedules and TMA delays: no
+   deadlock, no ring slot refilled while a consumer reads it, each tile read after it landed.
+4. Per lane, with the documented wgmma layouts (accumulator and register-A fragment): masks,
    online softmax, P packing, epilogue; O and L against a float64 reference.
 
 It cannot see what only the GPU decides (timing, the hardware's real layouts if the PTX ISA's
@@ -128,6 +131,92 @@ def check_plan(cfg):
     assert len(cfg["k_panel"]) == len(cfg["v_panel"]) == cfg["STAGES"] * cfg["PANELS"]
 
 
+class MBar:
+    """PTX mbarrier: pending arrivals + transaction bytes; a phase completes when both reach 0."""
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1; self.pending = self.count
+
+    def arrive(self, n=1, expect_tx=0):
+        self.tx += expect_tx
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier's count in one phase"
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        assert self.tx >= 0, "TMA delivered more bytes than expected"
+        self._maybe_complete()
+
+    def try_wait(self, parity):       # the phase of this parity has completed (a fresh barrier: parity 1 has)
+        return (self.phase & 1) != parity
+
+
+def check_barriers(STAGES, PANELS, Q_BYTES, KV_BYTES, n_tiles, rng):
+    """The kernel's producer / consumer protocol (its loops, re-typed) under a random schedule, TMA
+    completions delayed at random: no deadlock, no slot refilled while a consumer reads it, every
+    tile read only once all its bytes landed and the slot holds that tile."""
+    q_full = MBar(1); k_full = [MBar(1) for _ in range(STAGES)]; v_full = [MBar(1) for _ in range(STAGES)]
+    empty = [MBar(2 * 128) for _ in range(STAGES)]
+    landed = {}                                               # (K or V, slot) -> [tile, boxes landed]
+    reading = [set() for _ in range(STAGES)]                  # consumers inside slot s
+    inflight = []                                             # pending TMA completions: (barrier, bytes, key)
+
+    def holds(key, j):
+        return landed.get(key) == [j, PANELS]
+
+    def producer():
+        q_full.arrive(expect_tx=Q_BYTES)
+        inflight.extend((q_full, Q_BYTES // PANELS, None) for _ in range(PANELS))
+        for j in range(n_tiles):
+            s, phase = j % STAGES, (j // STAGES) & 1
+            while not empty[s].try_wait(phase ^ 1):
+                yield
+            assert not reading[s], f"producer refills slot {s} (tile {j}) while consumers {reading[s]} read it"
+            for what, bar in (("K", k_full[s]), ("V", v_full[s])):
+                landed[(what, s)] = [j, 0]
+                bar.arrive(expect_tx=KV_BYTES)
+                inflight.extend((bar, KV_BYTES // PANELS, (what, s)) for _ in range(PANELS))
+            yield
+
+    def consumer(c):
+        while not q_full.try_wait(0):
+            yield
+        for j in range(n_tiles):
+            s, phase = j % STAGES, (j // STAGES) & 1
+            while not k_full[s].try_wait(phase):
+                yield
+            assert holds(("K", s), j), f"consumer {c}: slot {s} holds K {landed.get(('K', s))}, expected tile {j}"
+            reading[s].add(c)
+            yield
+            while not v_full[s].try_wait(phase):
+                yield
+            assert holds(("V", s), j), f"consumer {c}: slot {s} holds V {landed.get(('V', s))}, expected tile {j}"
+            yield
+            reading[s].discard(c)
+            empty[s].arrive(128)                               # every thread of the warpgroup
+
+    actors = [producer(), consumer(0), consumer(1)]
+    for _ in range(200000):
+        if not actors and not inflight:
+            return
+        i = int(rng.integers(len(actors) + len(inflight)))
+        if i < len(actors):
+            try:
+                next(actors[i])
+            except StopIteration:
+                actors.pop(i)
+        else:
+            bar, nbytes, key = inflight.pop(i - len(actors))
+            if key is not None:
+                landed[key][1] += 1                             # the box's bytes are in shared memory
+            bar.complete_tx(nbytes)
+    raise AssertionError(f"deadlock: STAGES={STAGES} n_tiles={n_tiles}")
+
+
 def run(cfg, q, k, v, causal, heads):
     """The kernel on [BH, S, D] bf16 inputs (float32 arrays of bf16 values) for the given heads."""
     BH, S, D = q.shape
@@ -222,6 +311,14 @@ def main():
     cfgs = host_check()
     for cfg in cfgs:
         check_plan(cfg)
+    rng = np.random.default_rng(1)
+    for D in (64, 128):
+        cfg = next(c for c in cfgs if c["D"] == D)
+        for n_tiles in range(1, 3 * cfg["STAGES"] + 2):
+            for _ in range(20 if args.quick else 60):
+                check_barriers(cfg["STAGES"], cfg["PANELS"], cfg["Q_BYTES"], cfg["KV_BYTES"], n_tiles, rng)
+    print("barrier protocol: no deadlock, no slot refilled while read, every tile read after it landed "
+          "(random schedules, 1..3*STAGES+1 tiles)")
     print(f"host check: {len(cfgs)} (D, B*H, S) plans, tensor maps within the driver's limits, "
           "expect-tx = the boxes' bytes")
     rng = np.random.default_rng(0)
