@@ -24,8 +24,9 @@ from common.testing import assert_as_accurate_as_torch, assert_close, non_contig
 
 STAGE = "a06_matmul"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# Odd sizes that divide no block; the second needs several programs and K steps.
-SHAPES = [(17, 33, 40), (70, 45, 100)]
+# (M, N, K) that divide no block. The second needs several programs and K steps, and its rows do not
+# start on 16-byte boundaries (the PREFETCH path); the third's rows do in every dtype (M <= 64).
+SHAPES = [(17, 33, 40), (70, 45, 100), (24, 40, 72)]
 if HAS_CUDA:
     SHAPES += [(257, 383, 511), (512, 256, 1024)]
 # Fixed Triton config for the tests (the autotuner would compile every config per shape).
@@ -87,6 +88,23 @@ def test_triton_autotuned_path(impl, dtype):
         assert rel_error(got, ref) <= 2e-3, f"tf32 matmul: relative error {rel_error(got, ref):.2e}"
     else:
         assert_close(got, ref, dtype=dtype)
+
+
+@pytest.mark.parametrize("b_layout", ["N-major", "K-major"])
+@pytest.mark.parametrize("epilogue", [None, "bias_gelu"])
+def test_triton_tf32_layouts(impl, b_layout, epilogue):
+    """fp32 with TF32 allowed: b N-major (a row-major [K, N]) is launched swapped, C^T = B^T A^T
+    (SWAP_AB: the bias then runs along the launch's rows); b K-major (weight.t()) is not."""
+    mod = _triton(impl)
+    m, n, k = (70, 36, 72) if TRITON_INTERPRET else (300, 264, 520)
+    a = randn(m, k)
+    b = randn(k, n) if b_layout == "N-major" else randn(n, k).t()
+    bias = randn(n) if epilogue else None
+    act = "gelu_tanh" if epilogue else None
+    out = _poisoned(m, n, dtype=torch.float32)
+    got = _kernel(lambda: mod.matmul(a, b, bias, act, out=out, config=TEST_CONFIG), f"tf32 matmul, b {b_layout}")
+    err = rel_error(got, _ref(a, b, bias, act))
+    assert err <= 2e-3, f"tf32 matmul, b {b_layout}, {epilogue or 'no epilogue'}: relative error {err:.2e} > 2e-3"
 
 
 def test_triton_batched_and_strided(impl):

@@ -51,8 +51,11 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     x_ptr, y_ptr: contiguous, same dtype (fp32/fp16/bf16); compute in fp32.
     """
     # TODO(a05): offsets of this program's block (program id as int64, so offsets past
-    # 2^31 elements stay right), a mask for the last block, load, compute gelu_new in fp32
-    # (hint: 0.5*(1 + tanh(u)) = 1/(1 + exp(-2u))), store in y's dtype.
+    # 2^31 elements stay right); load, compute gelu_new in fp32 (hint: 0.5*(1 + tanh(u)) =
+    # 1/(1 + exp(-2u))), store in y's dtype. Mask only the last, partial block: with a mask
+    # `offs < n` on every block and n not a multiple of 16, Triton cannot prove that a group
+    # of elements is all in or all out, and falls back from 16-byte vector loads and stores
+    # to one element at a time (the handout's "Odd sizes").
     pass
 
 

@@ -14,8 +14,13 @@ One program computes a BLOCK_M x BLOCK_N tile of C:
      GELU-tanh, then one cast and one store. Unfused, the same work is a GEMM that writes C
      plus an elementwise kernel that reads C and writes it again.
 Block shapes, warps and pipeline stages are autotuned per (power-of-two bucket of M, N, K,
-dtype, epilogue): tuned on the first M of a bucket, reused for the rest; tiny weights (fewer
-than TINY_WEIGHT elements) get one fixed config instead.
+dtype, epilogue, layout): tuned on the first M of a bucket, reused for the rest; tiny weights
+(fewer than TINY_WEIGHT elements) get one fixed config instead. Two layouts get their own path,
+each measured in lectures/results/experiments/a06_try.md:
+  * rows not on 16-byte boundaries (an odd K or N in 16-bit): Triton cannot pipeline those loads
+    through shared memory, so the kernel prefetches the next K slice into registers (PREFETCH);
+  * fp32 with TF32 and b N-major: TF32 wgmma wants b K-major, so the launch computes
+    C^T = B^T A^T instead, with b in wgmma's register operand (SWAP_AB).
 Under the Triton interpreter (CPU, ``import common``) a single small config is used.
 
 Bench: ``python -m assignments.a06_matmul.bench`` (H100 numbers in lectures/results/a06_matmul.md).
@@ -38,37 +43,74 @@ _SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (
 
 def _configs() -> list[triton.Config]:
     if TRITON_INTERPRET:  # every config costs seconds when interpreted: one small one
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}, num_warps=4, num_stages=1)]
-    shapes = [  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
-        (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 8, 4),
-        (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3), (64, 128, 64, 4, 4),
-        (128, 64, 64, 4, 4), (64, 64, 64, 4, 4),
-    ]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for m, n, k, w, s in shapes + list(_SKINNY)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "PREFETCH": False},
+                              num_warps=4, num_stages=1)]
+    sets = [(_SQUARE + _LONG_K + _SKINNY + _UNALIGNED_SKINNY, False), (_UNALIGNED, True)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "PREFETCH": p},
+                          num_warps=w, num_stages=s)
+            for shapes, p in sets for m, n, k, w, s in dict.fromkeys(shapes)]
 
 
+# Config sets (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); _config_set picks those a call tries.
+#: Aligned rows, M > 64. 16-bit inputs keep the BLOCK_K = 64 ones (128 bytes a row); fp32 all that fit.
+_SQUARE = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 8, 4),
+           (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3), (64, 128, 64, 4, 4),
+           (128, 64, 64, 4, 4), (64, 64, 64, 4, 4)]
+#: 16-bit, K >= LONG_K (GPT-2's MLP down-projection, K = 4 d_model): K slices of 128 halve the loop's
+#: trips where few output tiles run (H100: 0.64x -> 0.74x cuBLAS at [512, 3072] x [3072, 768],
+#: lectures/results/experiments/a06_try.md, variant bk128).
+_LONG_K = [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3)]
+LONG_K = 2048
 #: Few rows (M <= 64: a decode step's B tokens): the GEMM is a weight read. Short, wide-K tiles give
 #: more programs over N and more bytes in flight per program (stage 8 decodes with these).
-_SKINNY = {(16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 4),
-           (64, 64, 128, 4, 3), (64, 128, 64, 4, 4)}
+_SKINNY = [(16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 4),
+           (64, 64, 128, 4, 3), (64, 128, 64, 4, 4)]
+#: Unaligned rows, M > 64, tried with PREFETCH beside the aligned set (which won where K is short, e.g.
+#: the LM head [T, 768] x [768, 50257]): Triton does not pipeline such loads, so one stage (no
+#: shared-memory ring to fill) and K slices of 32-64 (the prefetched slice lives in registers). H100,
+#: bf16: 4097^3 0.47x -> 0.78x cuBLAS, [3000, 1000] x [1000, 777] 0.61x -> 0.84x (a06_matmul_real_shapes.md).
+_UNALIGNED = [(128, 128, 32, 8, 1), (128, 128, 64, 8, 1), (64, 128, 32, 4, 1), (128, 256, 32, 8, 1)]
+#: Unaligned and M <= 64, tried beside _SKINNY (which won at M = 64), no PREFETCH (0.52x, below these
+#: configs' 0.62x): small per-thread tiles that do not spill (16x128x128 spilled 0.5-10 KB);
+#: [1, 768] x [768, 50257] 0.52x -> 0.63x cuBLAS (a06_matmul_real_shapes.md).
+_UNALIGNED_SKINNY = [(16, 64, 64, 4, 1), (16, 128, 32, 4, 1), (16, 32, 128, 4, 1), (16, 128, 64, 8, 1)]
 
 
 def _shape(c: triton.Config) -> tuple[int, int, int, int, int]:
     return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages
 
 
+def _config_set(m: int, k: int, size: int, aligned: bool) -> list[tuple[tuple[int, int, int, int, int], bool]]:
+    """The (config, PREFETCH) pairs the autotuner tries for M rows, K, element size in bytes and
+    row alignment: the aligned set always; unaligned rows add theirs and the tuner picks."""
+    if m <= 64:
+        base = _SKINNY
+    elif size == 4:
+        base = _SQUARE
+    else:
+        base = [c for c in _SQUARE if c[2] == 64] + (_LONG_K if k >= LONG_K else [])
+    out = [(c, False) for c in base]
+    if not aligned:
+        out += [(c, False) for c in _UNALIGNED_SKINNY] if m <= 64 else [(c, True) for c in _UNALIGNED]
+    return out
+
+
 def _prune(configs, named_args, **kwargs):
-    """Drop configs whose pipeline does not fit in shared memory (fp32 tiles are twice as big);
-    M <= 64 tries the skinny set only, larger M the square set; 16-bit inputs keep the
-    BLOCK_K = 64 square configs only (fewer compiles while autotuning)."""
+    """Keep the call's config set (_config_set) less the pipelines that do not fit in shared memory."""
     size = named_args["a_ptr"].element_size()
-    skinny = named_args["M"] <= 64
-    keep = [c for c in configs
-            if c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size <= _SMEM_LIMIT
-            and (_shape(c) in _SKINNY) == skinny
-            and (skinny or size == 4 or c.kwargs["BLOCK_K"] == 64)]  # 16-bit: K slices of 64 (128 bytes a row)
+    aligned = _aligned(named_args["a_ptr"], named_args["b_ptr"])
+    allowed = set(_config_set(named_args["M"], named_args["K"], size, aligned))
+    keep = [c for c in configs if (_shape(c), c.kwargs["PREFETCH"]) in allowed
+            and c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size <= _SMEM_LIMIT]
     return keep or configs[-1:]
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """Every row of every tensor starts on a 16-byte boundary: what Triton's 16-byte copies
+    (cp.async, pipelined through shared memory) need. An odd row length in 16-bit is not."""
+    return all(t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0
+                                              for st, d in zip(t.stride(), t.shape) if st != 1 and d > 1)
+               for t in tensors)
 
 
 @triton.jit
@@ -99,6 +141,15 @@ def _gelu_tanh(x, FAST: tl.constexpr = False):
 
 
 @triton.jit
+def _tf32_rna(x):
+    # fp32 x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: cvt.rna.tf32, what
+    # cuBLAS does to fp32 inputs) by integer ops on its bits; NaN stays NaN. An op between the load
+    # and tl.dot also makes Triton feed wgmma this operand from registers, in any layout.
+    r = ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return tl.where(x == x, r, x)
+
+
+@triton.jit
 def matmul_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr,  # bias_ptr is ignored unless HAS_BIAS
     M, N, K,
@@ -106,6 +157,7 @@ def matmul_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, FAST_TANH: tl.constexpr,
+    PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     """C[M, N] = act(A[M, K] @ B[K, N] + bias[N]) for one BLOCK_M x BLOCK_N tile of C.
 
@@ -114,21 +166,32 @@ def matmul_kernel(
     a multiple of BLOCK_K (no mask needed on K). DOT_FP32: cast a and b to fp32 before
     tl.dot (set only under the CPU interpreter, whose bf16 tl.dot is wrong in Triton 3.6).
     FAST_TANH: use the hardware tanh approximation in the GELU (16-bit outputs on a GPU).
+    PREFETCH (speed only): a row of a or b does not start on a 16-byte boundary, so Triton
+    cannot pipeline the loads through shared memory; load the next K slice into registers
+    before this slice's tl.dot instead (software prefetch), so the loads overlap the math.
+    SWAP_AB: the launcher passed (B^T, A^T, C^T) to compute C^T = B^T A^T (fp32 with TF32
+    and b N-major, see ``matmul``): the bias runs along this launch's rows (offs_m, bias[M]),
+    and a goes through _tf32_rna before tl.dot (which also makes wgmma read it from registers).
     """
     # TODO(a06 triton): write the kernel (see the handout and the module docstring).
     #  1. tile (pid_m, pid_n) from tl.program_id(0) in grouped order (GROUP_M tile-rows);
     #  2. offsets offs_m, offs_n, offs_k; pointers to the first A and B slices (use the
     #     strides: a and b may be views); fp32 accumulator; loop over cdiv(K, BLOCK_K)
     #     slices: load (mask on K unless EVEN_K; rows past M / columns past N may be
-    #     wrapped with % M / % N instead of masked), cast to fp32 if DOT_FP32,
-    #     acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION), advance the pointers;
-    #  3. epilogue: + bias (fp32, broadcast over rows) if HAS_BIAS, _gelu_tanh if
-    #     ACTIVATION == "gelu_tanh" (pass FAST_TANH on), cast to c_ptr.dtype.element_ty, masked tl.store.
+    #     wrapped with % M / % N instead of masked), a = _tf32_rna(a) if SWAP_AB,
+    #     cast to fp32 if DOT_FP32, acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION),
+    #     advance the pointers. Once that passes the tests, PREFETCH: the slice k + 1 loaded
+    #     (masked past K) before slice k's tl.dot, carried to the next iteration;
+    #  3. epilogue: + bias (fp32; bias[offs_n] broadcast over rows, or bias[offs_m] over columns
+    #     if SWAP_AB) if HAS_BIAS, _gelu_tanh if ACTIVATION == "gelu_tanh" (pass FAST_TANH on),
+    #     cast to c_ptr.dtype.element_ty, masked tl.store.
 
 
 _matmul_autotuned = triton.autotune(
     configs=_configs(),
-    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION", "FAST_TANH"],  # tensor dtypes are added by Triton
+    # + the tensors' dtypes (Triton adds them); the strides: a layout or row alignment has its own best config
+    key=["M", "N", "K", "stride_am", "stride_bk", "stride_bn", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION",
+         "FAST_TANH", "SWAP_AB"],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=autotune_bench,  # the course's shorter timer per config (common/timing.py)
     cache_results=True,       # a key tuned once on this machine is read from Triton's cache after that
@@ -141,8 +204,9 @@ _matmul_autotuned = triton.autotune(
 #: models (the tests' two-layer GPT-2 with d_model = 64) run TINY_CONFIG.
 TINY_WEIGHT = 1 << 17
 TINY_CONFIG = (32, 64, 64, 4, 2)
-#: The autotuner's pick per (power-of-two bucket of M, N, K, dtype, epilogue, precision, B layout).
-_TUNED: dict[tuple, tuple[int, int, int, int, int]] = {}
+#: The autotuner's pick (config, PREFETCH) per (power-of-two bucket of M, N, K, dtype, epilogue,
+#: precision, layout).
+_TUNED: dict[tuple, tuple[tuple[int, int, int, int, int], bool]] = {}
 
 
 def _bucket(m: int) -> int:
@@ -190,13 +254,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     if m == 0 or n == 0:
         return out
     c2 = out.view(m, n)
-    args = (a2, b, c2, bias if bias is not None else c2, m, n, k,
-            a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c2.stride(0), c2.stride(1),
+    tf32 = allow_tf32 and a.dtype == torch.float32
+    # fp32 with TF32 and b N-major (a row-major weight [K, N]): TF32 wgmma reads an operand in shared
+    # memory K-major only, so b would be transposed by 4-byte copies (H100: 0.27x cuBLAS). Computing
+    # C^T = B^T A^T instead puts b where wgmma's A goes (from registers, any layout) and a K-major
+    # a where its B goes: 0.85-0.98x (lectures/results/experiments/a06_try.md, tf32_swap).
+    swap = tf32 and b.stride(1) == 1 and n > 1 and a2.stride(1) == 1 and k > 1
+    x, y, z, mm, nn = (b.t(), a2.t(), c2.t(), n, m) if swap else (a2, b, c2, m, n)
+    args = (x, y, z, bias if bias is not None else c2, mm, nn, k,
+            x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1),
             bias.stride(0) if bias is not None else 0)
-    meta = dict(HAS_BIAS=bias is not None, ACTIVATION=activation,
-                INPUT_PRECISION="tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee",
+    meta = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, INPUT_PRECISION="tf32" if tf32 else "ieee",
                 DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16,
-                FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32)
+                FAST_TANH=fast_tanh and not TRITON_INTERPRET and a.dtype != torch.float32, SWAP_AB=swap)
+    prefetch = mm > 64 and not _aligned(x, y)   # an explicit config's PREFETCH; the autotuner tries both
     if config is None and n * k < TINY_WEIGHT and not TRITON_INTERPRET:
         config = TINY_CONFIG
     if config is None:
@@ -204,16 +275,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
         # directly after that (less host work per call, too).
         key = (_bucket(m), n, k, a.dtype, bias is not None, activation, meta["INPUT_PRECISION"],
-               meta["FAST_TANH"], b.stride(0) == 1)
-        config = _TUNED.get(key)
-        if config is None:
-            grid = lambda META: (triton.cdiv(m, META["BLOCK_M"]) * triton.cdiv(n, META["BLOCK_N"]),)  # noqa: E731
+               meta["FAST_TANH"], b.stride(0) == 1, prefetch, swap)
+        tuned = _TUNED.get(key)
+        if tuned is None:
+            grid = lambda META: (triton.cdiv(mm, META["BLOCK_M"]) * triton.cdiv(nn, META["BLOCK_N"]),)  # noqa: E731
             _matmul_autotuned[grid](*args, **meta)
-            _TUNED[key] = _shape(_matmul_autotuned.best_config)
+            best = _matmul_autotuned.best_config
+            _TUNED[key] = (_shape(best), best.kwargs["PREFETCH"])
             return out
+        config, prefetch = tuned
     bm, bn, bk, warps, stages = config
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+    grid = (triton.cdiv(mm, bm) * triton.cdiv(nn, bn),)
+    matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PREFETCH=prefetch,
                         EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
     return out
 

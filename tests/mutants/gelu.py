@@ -42,9 +42,9 @@ MUTANTS = [
            [("kSqrt2OverPi = 0.7978845608028654f;", "kSqrt2OverPi = 0.6366197723675814f;")], gpu=True),
 
     # ---- a05, the Triton kernel (interpreted on a CPU)
-    Mutant(S5, PY5, "mask drops the last element", [("mask = offs < n\n", "mask = offs < n - 1\n")]),
+    Mutant(S5, PY5, "mask drops the last element", [("mask = offs < n ", "mask = offs < n - 1 ")]),
     Mutant(S5, PY5, "block offset without BLOCK",
-           [("offs = pid * BLOCK + tl.arange(0, BLOCK)", "offs = pid + tl.arange(0, BLOCK)")]),
+           [("start = tl.program_id(0).to(tl.int64) * BLOCK", "start = tl.program_id(0).to(tl.int64)")]),
     Mutant(S5, PY5, "cubic coefficient 0.0044715",
            [("(x + 0.044715 * x * x * x)", "(x + 0.0044715 * x * x * x)")]),
     Mutant(S5, PY5, "x squared instead of cubed", [("(x + 0.044715 * x * x * x)", "(x + 0.044715 * x * x)")]),
@@ -56,5 +56,7 @@ MUTANTS = [
            [("y = x / (1.0 + tl.exp(-2.0 * u))",
              "e = tl.exp(2.0 * u)\n    y = 0.5 * x * (1.0 + (e - 1.0) / (e + 1.0))")]),
     Mutant(S5, PY5, "computed in the storage dtype",
-           [("x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)", "x = tl.load(x_ptr + offs, mask=mask)")]),
+           [("    x = x.to(tl.float32)\n", "")]),
+    Mutant(S5, PY5, "last block stored without its mask",
+           [("        tl.store(y_ptr + offs, y, mask=mask)\n", "        tl.store(y_ptr + offs, y)\n")]),
 ]

@@ -26,6 +26,8 @@ MUTANTS = [
     Mutant(S, LN, "padding lanes in the variance", [("hc = tl.where(ok, h - mean, 0.0)", "hc = h - mean")]),
     Mutant(S, LN, "mean over the block not the row", [("mean = tl.sum(h, axis=0) / C", "mean = tl.sum(h, axis=0) / BLOCK_C")]),
     Mutant(S, LN, "eps ignored", [("rstd = 1.0 / tl.sqrt(var + eps)", "rstd = 1.0 / tl.sqrt(var)")]),
+    Mutant(S, LN, "eps outside the square root",
+           [("rstd = 1.0 / tl.sqrt(var + eps)", "rstd = 1.0 / (tl.sqrt(var) + eps)")], grader=()),
 
     # ---- kernel 2a, one split of the keys: test_decode_attention*
     Mutant(S, DEC, "split drops the newest key",

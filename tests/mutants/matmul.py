@@ -25,14 +25,24 @@ MUTANTS = [
            [("bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)",
              "bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)")]),
     Mutant(S, T, "bias added after the GELU",
-           [("    if HAS_BIAS:\n        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)\n"
+           [("    elif HAS_BIAS:\n        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)\n"
              "        acc += bias.to(tl.float32)[None, :]\n    if ACTIVATION == \"gelu_tanh\":\n"
              "        acc = _gelu_tanh(acc, FAST_TANH)\n",
              "    if ACTIVATION == \"gelu_tanh\":\n        acc = _gelu_tanh(acc, FAST_TANH)\n"
-             "    if HAS_BIAS:\n        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)\n"
+             "    if HAS_BIAS and not SWAP_AB:\n"
+             "        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)\n"
              "        acc += bias.to(tl.float32)[None, :]\n")]),
     Mutant(S, T, "bias broadcast along the wrong axis",
            [("acc += bias.to(tl.float32)[None, :]", "acc += bias.to(tl.float32)[:, None]")]),
+    # the two layout paths: fp32 TF32 with b N-major (SWAP_AB), rows off 16-byte boundaries (PREFETCH)
+    Mutant(S, T, "swapped launch adds the bias along N",
+           [("    if HAS_BIAS and SWAP_AB:  # this launch computes C^T: bias[n] of C is bias[offs_m] here\n"
+             "        bias = tl.load(bias_ptr + offs_m * stride_bias, mask=offs_m < M, other=0.0)\n"
+             "        acc += bias.to(tl.float32)[:, None]\n    elif HAS_BIAS:\n",
+             "    if HAS_BIAS:\n")]),
+    Mutant(S, T, "prefetch reloads the current slice of A",
+           [("a_next = tl.load(a_ptrs + BLOCK_K * stride_ak, mask=offs_k[None, :] < k_left - BLOCK_K, other=0.0)",
+             "a_next = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)")]),
     # ---- CUDA kernels (GPU): test_cuda_fp32_versions / test_cuda_tensor_core_versions
     Mutant(S, CU, "v2 K loop stops one short",
            [("const int row = blockIdx.y * blockDim.y + threadIdx.y;\n    if (row < M && col < N) {\n"

@@ -11,6 +11,9 @@ for sm_90 for each variant (compiled on a CPU with --asm, and read): a06_try_asm
   base        this file's copy of the shipped kernel at fixed configs (sanity: = shipped)
   tf32_kmaj   fp32: b given K-major (an [N, K] tensor's .t(), nn.Linear's layout): the ceiling
   tf32_cfg    fp32, b [K, N] N-major: other BLOCK_K / warps / stages than the shipped set
+  tf32_swap   fp32, b N-major: C^T = B^T A^T, so b is wgmma's A operand, which may come from
+              registers in any layout (rounded to TF32 by cvt.rna there), and a row-major a is the
+              K-major B operand TF32 needs: every copy 16-byte cp.async (a06_try_asm.log)
   tf32_reg    fp32, b N-major: b goes through registers (rounded to TF32 by cvt.rna.tf32.f32),
               so it is loaded with 16-byte ld.global.v4 and transposed on the way to shared
               memory, instead of 4-byte cp.async per element (see --asm)
@@ -161,6 +164,42 @@ def _mm(a_ptr, b_ptr, c_ptr, ws_ptr, M, N, K,
 
 
 @triton.jit
+def _mm_swap(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+             EVEN_K: tl.constexpr, CVT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """fp32 (TF32) with b N-major, operands swapped: the tile of C^T = B^T A^T. TF32 wgmma reads an
+    operand in shared memory K-major only, but its A operand may come from registers in any
+    layout: B^T goes there (rounded to TF32 by cvt.rna on the way, CVT, which also keeps it in
+    registers), and a row-major a is K-major as the B operand. Both copies are then 16-byte
+    cp.async (a06_try_asm.log); the accumulator is [BLOCK_N, BLOCK_M], stored transposed."""
+    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    bt_ptrs = b_ptr + (offs_n % N)[:, None] * stride_bn + offs_k[None, :] * stride_bk    # [BLOCK_N, BLOCK_K]
+    at_ptrs = a_ptr + offs_k[:, None] * stride_ak + (offs_m % M)[None, :] * stride_am    # [BLOCK_K, BLOCK_M]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            bt = tl.load(bt_ptrs)
+            at = tl.load(at_ptrs)
+        else:
+            k_left = K - kt * BLOCK_K
+            bt = tl.load(bt_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            at = tl.load(at_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if CVT:
+            bt = _tf32_round(bt)
+        if DOT_FP32:
+            bt = bt.to(tl.float32)
+            at = at.to(tl.float32)
+        acc = tl.dot(bt, at, acc, input_precision="tf32")
+        bt_ptrs += BLOCK_K * stride_bk
+        at_ptrs += BLOCK_K * stride_ak
+    c_ptrs = c_ptr + offs_n[:, None] * stride_cn + offs_m[None, :] * stride_cm
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_m[None, :] < M))
+
+
+@triton.jit
 def _reduce(ws_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """c = cast(sum over s of ws[s]) (split-K's second kernel; where a bias/GELU would go)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -261,6 +300,19 @@ def run_mm(a, b, cfg, L, prefetch=False, b_cvt=False, recomp=False):
         nred = sk if mode == 1 else 1
         L(_reduce, (triton.cdiv(m * n, 1024),), [ws, c, m, n, c.stride(0), c.stride(1)],
           dict(SPLIT_K=nred, BLOCK=1024), 4, 1)
+    return c
+
+
+def run_swap(a, b, cfg, L):
+    """fp32 only (the variant's shapes): C^T = B^T A^T, B^T through registers (see _mm_swap)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty(m, n, device=a.device, dtype=a.dtype)
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    L(_mm_swap, (triton.cdiv(m, bm) * triton.cdiv(n, bn),),
+      [a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1)],
+      dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EVEN_K=k % bk == 0,
+           CVT=not INTERP and a.dtype == torch.float32, DOT_FP32=_dot_fp32(a)), cfg["w"], cfg["s"])
     return c
 
 
@@ -384,6 +436,8 @@ VARIANTS = {
     "tf32_cfg": (run_mm, FP32, [C(128, 128, 16, 8, 5), C(128, 256, 16, 8, 4), C(64, 256, 32, 8, 3),
                                 C(128, 128, 32, 4, 2)], [C(32, 32, 16, 4, 1)]),
     "tf32_reg": (lambda a, b, cfg, L: run_mm(a, b, cfg, L, b_cvt=True), FP32, _TF32_CFGS, [C(32, 32, 32, 4, 1)]),
+    "tf32_swap": (run_swap, FP32, [C(128, 128, 32, 8, 3), C(128, 256, 32, 8, 3), C(256, 128, 32, 8, 3),
+                                   C(128, 128, 32, 4, 4), C(64, 128, 32, 4, 4)], [C(32, 32, 32, 4, 1)]),
     "splitk": (run_mm, FEW + ["f32 mlp-down T=2048"], _by_dtype(
         [C(128, 128, 64, 8, 4, SK=2, MODE=1), C(128, 128, 64, 8, 4, SK=3, MODE=1), C(128, 128, 64, 8, 4, SK=4, MODE=1),
          C(64, 128, 64, 4, 4, SK=2, MODE=1), C(128, 64, 64, 4, 4, SK=4, MODE=1), C(128, 128, 64, 8, 4, SK=3, MODE=2)],

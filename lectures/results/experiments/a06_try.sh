@@ -5,7 +5,7 @@
 #   gpu.txt (GPU, clocks, versions), a06_try.log (every line), a06_try.csv (every config timed),
 #   a06_try.md (best config per variant and shape: TFLOP/s, ratio to cuBLAS, correct?)
 # Usage, from the repository root:  OUT=/some/dir bash lectures/results/experiments/a06_try.sh
-# Budget by arithmetic (not yet measured): 14 processes x ~6-8 s (torch + CUDA init) = ~100 s; ~170 cold
+# Budget by arithmetic (not yet measured): 15 processes x ~6-8 s (torch + CUDA init) = ~100 s; ~170 cold
 # Triton compiles x ~1.1 s (0.3-4.7 s each when compiled for sm_90 on the CPU that wrote this, a06_try_asm.log)
 # = ~190 s, shipped's autotuner being ~50 of them; ~270 (shape, config) timings x ~0.2 s (CUDA-graph replay,
 # 50 ms, L2 flushed, plus the float64 check) = ~60 s: ~6 min. BUDGET cuts the last variants if compiles are
@@ -21,7 +21,7 @@ CSV="$OUT/a06_try.csv"; LOG="$OUT/a06_try.log"
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 # variant:time limit (s); the limits sum to more than BUDGET: each is cut to what is left
-for vt in shipped:120 base:40 tf32_kmaj:40 tf32_cfg:40 tf32_reg:40 splitk:60 bk128:40 tma:50 \
+for vt in shipped:120 base:40 tf32_kmaj:40 tf32_cfg:40 tf32_reg:40 tf32_swap:40 splitk:60 bk128:40 tma:50 \
           unal_cfg:45 recomp:45 prefetch:45 gemv:25 pad:30 tma_ws:45; do
   v=${vt%%:*}; lim=${vt##*:}
   left=$(( BUDGET - ($(date +%s) - T0) ))

@@ -383,54 +383,37 @@ def smem_fwd(c, d, el=2):
 SMEM_MAX = 232448   # H100 dynamic shared memory per block (227 KiB)
 
 
+def _grid(kind, d, bms, bns, warps, stages, smem, skip):
+    """Every C(bm, bn, w, s) of the given sets, in that order, that fits SMEM_MAX (``smem(bm, bn, s)``
+    bytes), is not ``skip(bm, bn, w)``, and was not found to spill for sm_90 (REGS_PRUNED)."""
+    return [c for bm in bms for bn in bns for w in warps for s in stages for c in [C(bm, bn, w, s)]
+            if smem(bm, bn, s) <= SMEM_MAX and not skip(bm, bn, w) and (kind, d, cname(c)) not in REGS_PRUNED]
+
+
 def fwd_grid(d):
-    if TINY:
-        return [C(32, 16, 4, 1), C(16, 32, 4, 1)]
     """BLOCK_M {64,128} x BLOCK_N {32,64,128} x warps {4,8} x stages {2,3,4}, pruned: shared memory
     (estimate above), BLOCK_M=64 with 8 warps (a 64-row tile over 2 warp groups: 16-row wgmma
     slices, never better on Hopper), and what --regs found to spill for sm_90 (REGS_PRUNED)."""
-    out = []
-    for bm in (128, 64):
-        for bn in (128, 64, 32):
-            for w in (8, 4):
-                for s in (2, 3, 4):
-                    c = C(bm, bn, w, s)
-                    if smem_fwd(c, d) > SMEM_MAX or (bm == 64 and w == 8) or ("fwd", d, cname(c)) in REGS_PRUNED:
-                        continue
-                    out.append(c)
-    return out
+    if TINY:
+        return [C(32, 16, 4, 1), C(16, 32, 4, 1)]
+    return _grid("fwd", d, (128, 64), (128, 64, 32), (8, 4), (2, 3, 4),
+                 lambda bm, bn, s: smem_fwd(C(bm, bn, 0, s), d), lambda bm, bn, w: bm == 64 and w == 8)
 
 
 def dkdv_grid(d):
     if TINY:
         return [C(16, 32, 4, 1), C(32, 16, 4, 1)]
-    out = []
-    for bm in (32, 64, 128):
-        for bn in (64, 128):
-            for w in (4, 8):
-                for s in (2, 3):
-                    c = C(bm, bn, w, s)
-                    sm = 2 * (bn * d * 2 + s * 2 * bm * d)   # k, v + stages x (q, dO)
-                    if sm > SMEM_MAX or ("dkdv", d, cname(c)) in REGS_PRUNED or (bn == 64 and w == 8):
-                        continue
-                    out.append(c)
-    return out
+    return _grid("dkdv", d, (32, 64, 128), (64, 128), (4, 8), (2, 3),
+                 lambda bm, bn, s: 2 * (bn * d * 2 + s * 2 * bm * d),      # k, v + stages x (q, dO)
+                 lambda bm, bn, w: bn == 64 and w == 8)
 
 
 def dq_grid(d):
     if TINY:
         return [C(32, 16, 4, 1), C(16, 16, 4, 1)]
-    out = []
-    for bm in (64, 128):
-        for bn in (32, 64, 128):
-            for w in (4, 8):
-                for s in (2, 3):
-                    c = C(bm, bn, w, s)
-                    sm = 2 * (bm * d * 2 + s * 2 * bn * d)   # q, dO + stages x (k, v)
-                    if sm > SMEM_MAX or ("dq", d, cname(c)) in REGS_PRUNED or (bm == 64 and w == 8):
-                        continue
-                    out.append(c)
-    return out
+    return _grid("dq", d, (64, 128), (32, 64, 128), (4, 8), (2, 3),
+                 lambda bm, bn, s: 2 * (bm * d * 2 + s * 2 * bn * d),      # q, dO + stages x (k, v)
+                 lambda bm, bn, w: bm == 64 and w == 8)
 
 
 #: Fused dK/dV/dQ configs (key tile BLOCK_N per program, query tiles BLOCK_M in the loop).
