@@ -51,6 +51,9 @@ def _op():
     if os.environ.get("A07C_DEBUG_HANG") == "1":
         flags.append("-DA07C_DEBUG_HANG")
         name += "_debug"
+    if os.environ.get("A07C_NO_PINGPONG") == "1":   # the schedule's before/after (a07c_run.sh)
+        flags.append("-DA07C_NO_PINGPONG")
+        name += "_nopp"
     load_op(name, SOURCES, namespace=NAMESPACE, extra_cuda_cflags=flags)
     return getattr(torch.ops, NAMESPACE).attention_fwd_hopper
 

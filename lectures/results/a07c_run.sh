@@ -1,5 +1,5 @@
 #!/bin/bash
-# Stage 7c draft (issue #12) on an H100, in ONE command (under 600 s; logs and results in $OUT):
+# Stage 7c (issue #12) on an H100, in ONE command (under 600 s; logs and results in $OUT):
 #   bash lectures/results/a07c_run.sh
 # 1. build.log    GPU, versions, ptxas register/spill report (nvcc -Xptxas -v, sm_90a), the op's
 #                 build through common.cuda_ext.load_op (timed), and a smoke run of each
@@ -11,7 +11,9 @@
 # 2. pytest.log   tests/test_a07c_flash_hopper.py --impl solutions (float64 reference, SDPA's
 #                 own error, S in {1, 17, 128, 1000, 4096}, d 64/128, causal/not, bad inputs)
 # 3. memcheck.log compute-sanitizer --tool memcheck on small ragged cases (d 64/128, causal/not)
-# 4. bench.log + a07c_flash_hopper.csv/.md: TFLOP/s vs SDPA, bf16, d = 128, S = 2048..16384
+# 4. bench.log + a07c_flash_hopper.csv/.md: TFLOP/s vs SDPA, bf16, d = 128, S = 2048..16384; then
+#    the same without the ping-pong schedule (A07C_NO_PINGPONG=1, its own build), into bench.log
+# 5. stubs.log    the graded tests on assignments/ (the untouched stub): every one must fail
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/a07c_out}; mkdir -p "$OUT"; export OUT
@@ -27,7 +29,7 @@ step() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
 # so that a failing smoke case can be rerun with it at once. Its own process: both register one op.
 rm -f "$OUT/smoke_case"
 ( A07C_DEBUG_HANG=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
-    > "$OUT/debug_build.log" 2>&1 ) &
+    > /tmp/a07c_debug_build.log 2>&1 ) &
 DBG_PID=$!
 
 {
@@ -65,7 +67,7 @@ PYEOF
   if [ -f "$OUT/smoke_case" ]; then
     read -r SD SC SS < "$OUT/smoke_case"
     step "smoke failed at d=$SD causal=$SC S=$SS: again with the debug build (A07C_DEBUG_HANG=1)"
-    wait $DBG_PID; echo "debug build exit: $?"; tail -3 "$OUT/debug_build.log"
+    wait $DBG_PID; echo "debug build exit: $?"; tail -3 /tmp/a07c_debug_build.log
     A07C_DEBUG_HANG=1 timeout 90 $PY - "$SD" "$SC" "$SS" <<'PYEOF' 2>&1
 import sys, torch
 from solutions.a07_flash_attention import flash_hopper as m
@@ -96,7 +98,7 @@ for d in (64, 128):
         torch.cuda.synchronize()
         print(f"memcheck case d={d} causal={causal}: finite {bool(torch.isfinite(o).all())}", flush=True)
 PYEOF
-timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
+PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
   $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -12
 
 wait $DBG_PID 2>/dev/null   # the background build is done before anything is timed
@@ -105,5 +107,11 @@ if [ -f "$OUT/smoke_case" ]; then
 else
   step "bench" | tee "$OUT/bench.log"
   timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
+  step "bench without the ping-pong schedule (A07C_NO_PINGPONG=1: its own build)" | tee -a "$OUT/bench.log"
+  A07C_NO_PINGPONG=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_nopp 2>&1 \
+    | tee -a "$OUT/bench.log" | tail -14
 fi
+step "graded tests on the untouched stub (every one must fail)" | tee "$OUT/stubs.log"
+timeout 120 $PY -m pytest tests/test_a07c_flash_hopper.py --impl assignments -m graded -q -p no:cacheprovider --tb=no \
+  2>&1 | tail -6 | tee -a "$OUT/stubs.log"
 step "done"
