@@ -1,0 +1,603 @@
+// Assignment 7c (advanced, optional): flash-attention forward for Hopper, the FlashAttention-3 way.
+//   O = softmax(Q K^T / sqrt(d)) V and L = rowwise logsumexp, per (batch, head).
+//   q, k, v, o: [B, H, S, d] bf16 contiguous, d = 64 or 128, any S >= 1; L: [B, H, S] fp32.
+//   causal: query i sees keys j <= i (Nq == Nk, so bottom-right = top-left).
+//
+// Idea: stage 7b's Triton kernel leaves the data movement to the compiler. On Hopper the
+// fast path is the one stage 6's v7 matmul took (matmul_v7_wgmma.cu), applied to attention:
+//   * one CTA per (128-row query block, b*h), 3 warpgroups (384 threads);
+//   * warpgroup 0 is the producer: one thread issues TMA copies (cp.async.bulk.tensor, 3-D
+//     tensor maps [B*H, S, d], so rows past S of this head are zero-filled by the copy
+//     engine, never read from the next head) of the Q block once, then of the K and V tiles
+//     into a STAGES-deep shared-memory ring. Per slot: k_full / v_full (TMA bytes landed)
+//     and empty (both consumers are done with the slot) mbarriers;
+//   * warpgroups 1 and 2 are consumers, 64 query rows each. Per key tile of BN = 128:
+//       S = Q K^T            wgmma m64n128k16, both operands from shared memory (K-major)
+//       mask                 only on the ragged last tile and the causal diagonal tile
+//       online softmax       in registers: running max m, running sum l, exp2 with
+//                            log2(e)/sqrt(d) folded into one FMA, O rescaled by 2^(m_old-m_new)
+//       P (bf16)             stays in registers: the wgmma fp32 accumulator layout of S is
+//                            the register-A fragment layout of the next wgmma
+//       O += P V             wgmma m64n{d}k16, A from registers, V from shared memory
+//                            (MN-major, the transposed-B descriptor of matmul v7)
+//     then O / l goes straight from registers to global memory, and L = (m + log2 l) ln 2.
+//   * setmaxnreg moves registers from the producer (24) to the consumers (240);
+//   * ping-pong: the two consumers take turns at the tensor cores (named barriers 1 and 2: a
+//     consumer issues a GEMM holding the turn and hands it over right after the issue), so one
+//     warpgroup's softmax runs while the other's wgmma's do (FA3's warp scheduler barrier).
+//
+// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): without ping-pong 0.89-0.98x SDPA.
+// Next steps, in the order FlashAttention-3 takes them (expected gain in brackets):
+//   1. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
+//      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]
+//   2. the epilogue through shared memory + a TMA store (coalesced 128-byte rows) and a
+//      persistent tile scheduler (causal: longest blocks first, already done here by
+//      reversing blockIdx.x)                                            [a few %]
+//   3. BN = 176 / 3 consumer warpgroups at d = 64 (more work per K/V byte).
+//
+// Build and check without a GPU (what common.cuda_ext.compile_check runs):
+//   nvcc -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -c solutions/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
+// the kernel itself, as load_op builds it, with the register/spill report (must show no C7510
+// "wgmma serialized" line and no spills; tests/test_a07c_flash_hopper.py checks both):
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -DA07C_SM90A -std=c++17 -O3 --expt-relaxed-constexpr -Xptxas -v \
+//        -c solutions/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
+// (168 registers at launch, 0 spills, for d = 64/128, causal or not; -DA07C_NO_PINGPONG: without
+// the schedule)
+// Run on an H100 (builds through common.cuda_ext.load_op, then tests, memcheck and benchmark):
+//   bash lectures/results/a07c_run.sh
+//   o, lse = flash_attention_hopper(q, k, v, causal=True)   # solutions.a07_flash_attention.flash_hopper
+#include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+#include <cstdio>
+
+// wgmma and setmaxnreg exist only in the sm_90a target; other targets get a stub kernel.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define A07C_HAS_WGMMA 1
+#else
+#define A07C_HAS_WGMMA 0
+#endif
+
+namespace a07c {
+
+constexpr int BM = 128;                       // query rows per CTA (64 per consumer warpgroup)
+constexpr int BN = 128;                       // keys per tile
+constexpr int CONSUMERS = 2;                  // math warpgroups
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+constexpr int PANEL = 64;                     // columns per TMA box: 64 bf16 = one 128-byte swizzled row
+constexpr int PANEL_ROW_BYTES = PANEL * 2;    // 128
+
+template <int D>
+struct Cfg {
+    static_assert(D == 64 || D == 128, "head dim 64 or 128");
+    static constexpr int PANELS = D / PANEL;              // 1 or 2 boxes per tile
+    static constexpr int STAGES = D == 64 ? 4 : 2;        // K/V ring depth (d=128: 2 x 64 KB)
+    static constexpr int Q_PANEL_BYTES = BM * PANEL_ROW_BYTES;   // 16 KB: [128 rows][64 cols]
+    static constexpr int KV_PANEL_BYTES = BN * PANEL_ROW_BYTES;  // 16 KB
+    static constexpr int Q_BYTES = PANELS * Q_PANEL_BYTES;
+    static constexpr int KV_BYTES = PANELS * KV_PANEL_BYTES;     // one K (or V) tile
+    static constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;  // + slack to align to 1024
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+};
+
+// ------------------------------------------------------------------ PTX wrappers (given)
+// The same building blocks as matmul_v7_wgmma.cu (namespace a06v7), plus a 3-D TMA load,
+// the register-A wgmma and an operand fence.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Arrive once and announce `bytes` of TMA traffic that must land before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
+// barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
+// Watchdog (draft: not yet run on a GPU): a wait that never ends (a wrong parity, a byte count
+// TMA never delivers) traps after A07C_HANG_NS nanoseconds of the GPU's %globaltimer (default
+// 10 s) instead of hanging the GPU: the launch fails with "unspecified launch failure". It is
+// timed, not counted: try_wait suspends the thread for a system-dependent time that the PTX ISA
+// leaves unspecified, so a count of tries has no known duration. -DA07C_DEBUG_HANG also prints
+// which barrier (lane 0 of each stuck warp), but printf is a function call, and a call anywhere
+// in the kernel makes ptxas serialise every wgmma (C7510): debug builds only.
+// -DA07C_HANG_NS=0 leaves the watchdog out.
+#ifndef A07C_HANG_NS
+#define A07C_HANG_NS 10000000000ull
+#endif
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    if (mbar_try_wait(bar, parity)) return;
+#if A07C_HANG_NS
+    const uint64_t t0 = globaltimer_ns();
+#endif
+    while (!mbar_try_wait(bar, parity)) {
+#if A07C_HANG_NS
+        if (globaltimer_ns() - t0 > (uint64_t)(A07C_HANG_NS)) {
+#ifdef A07C_DEBUG_HANG
+            if ((threadIdx.x & 31) == 0)
+                printf("a07c: mbarrier wait stuck: block (%d, %d) thread %d, barrier at smem 0x%x, parity %u\n",
+                       (int)blockIdx.x, (int)blockIdx.y, (int)threadIdx.x, bar, parity);
+#endif
+            __trap();
+        }
+#endif
+    }
+}
+// Consumers wait with all 32 lanes, then reconverge the warp: the wgmma's after the wait are
+// .sync.aligned (every lane of every warp of the warpgroup, converged). Never from one lane.
+__device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
+    mbar_wait(bar, parity);
+    __syncwarp();
+}
+// TMA: copy the box at (x = column, y = row, z = batch*head) of the 3-D `map` into shared
+// memory at `dst`, counted in bytes on `bar`. Rows past S (of this head) are zero-filled,
+// and the full box's bytes are still counted.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+// wgmma shared-memory matrix descriptor: start address, leading/stride byte offsets (all
+// in 16-byte units), swizzle mode 1 = 128-byte swizzle (the layout TMA wrote).
+__host__ __device__ constexpr uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+// The shared-memory plan, from the 1024-byte aligned base: Q | K ring | V ring, each tile as
+// PANELS boxes of [rows][64 columns] (16 KB each) side by side; and the wgmma descriptors of
+// each k16 step. The kernel uses these, and so does the CPU check of the plan (experiments/
+// a07c_host_check.cu + a07c_layout_emu.py: TMA boxes, 128-byte swizzle and descriptors
+// emulated byte by byte, expect-tx counts against the tensor maps' boxes).
+template <int D>
+struct Plan {
+    using C = Cfg<D>;
+    // TMA destinations: box p (columns 64p..64p+63) of the Q tile, of K / V tile in slot s.
+    static __host__ __device__ constexpr uint32_t q_panel(uint32_t base, int p) { return base + p * C::Q_PANEL_BYTES; }
+    static __host__ __device__ constexpr uint32_t k_panel(uint32_t base, int s, int p) {
+        return base + C::Q_BYTES + s * C::KV_BYTES + p * C::KV_PANEL_BYTES;
+    }
+    static __host__ __device__ constexpr uint32_t v_panel(uint32_t base, int s, int p) {
+        return base + C::Q_BYTES + (C::STAGES + s) * C::KV_BYTES + p * C::KV_PANEL_BYTES;
+    }
+    // S = Q K^T, k-th 16-column step of d, consumer warpgroup c (rows 64c..64c+63 of the Q
+    // tile). Both K-major, 128-byte rows: the step starts 32 bytes into the row (the hardware
+    // applies the swizzle); SBO = 8 rows * 128 B; LBO unused for swizzled K-major (1).
+    static __host__ __device__ constexpr uint64_t desc_q(uint32_t base, int c, int k) {
+        return smem_desc(q_panel(base, k / 4) + c * 64 * PANEL_ROW_BYTES + (k % 4) * 32, 16, 1024);
+    }
+    static __host__ __device__ constexpr uint64_t desc_k(uint32_t base, int s, int k) {
+        return smem_desc(k_panel(base, s, k / 4) + (k % 4) * 32, 16, 1024);
+    }
+    // O += P V, kk-th 16-key step: V [128 keys][d] row-major is the MN-major (transposed) B.
+    // LBO = from one 64-column panel to the next along d, SBO = from 8 key rows to the next 8.
+    static __host__ __device__ constexpr uint64_t desc_v(uint32_t base, int s, int kk) {
+        return smem_desc(v_panel(base, s, 0) + kk * 16 * PANEL_ROW_BYTES, C::KV_PANEL_BYTES, 1024);
+    }
+};
+// 2^x in one MUFU instruction (ex2.approx(-inf) = +0, which the masking relies on).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo: the lower column
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+// Keep the compiler from moving reads/writes of a wgmma operand register across the
+// (asynchronous) wgmma and its wait: an empty asm that "modifies" the register.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#if A07C_HAS_WGMMA
+// Named barriers 1 and 2 (0 is __syncthreads) between the two consumer warpgroups (256 threads):
+// the ping-pong schedule's turn token. bar.sync waits for the other warpgroup's bar.arrive.
+__device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+#ifdef A07C_NO_PINGPONG
+constexpr bool PINGPONG = false;   // the build without the schedule (flash_hopper.py: A07C_NO_PINGPONG=1)
+#else
+constexpr bool PINGPONG = true;
+#endif
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// Immediates after the operands: scale-d, scale-a, scale-b, [tnsp-a,] tnsp-b. S = Q K^T has
+// both operands K-major (tnsp 0, 0); O += P V reads V MN-major (tnsp-b = 1), as matmul v7's B.
+// d[64] += A(desc_a: smem, K-major) * B(desc_b: smem, K-major): S = Q K^T, one k16 step.
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+// d[32] += A(a: registers, 4 x bf16x2) * B(desc_b: smem, MN-major): O += P V, one k16 step.
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        "}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// d[64] += A(a: registers, 4 x bf16x2) * B(desc_b: smem, MN-major): O += P V, one k16 step.
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        "}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+template <int D> struct PV;
+template <> struct PV<64> {
+    static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4], uint64_t b) { wgmma_rs_m64n64k16(d, a, b); }
+};
+template <> struct PV<128> {
+    static __device__ __forceinline__ void run(float (&d)[64], const uint32_t (&a)[4], uint64_t b) { wgmma_rs_m64n128k16(d, a, b); }
+};
+#endif  // A07C_HAS_WGMMA
+
+// ------------------------------------------------------------------------------ kernel
+// Grid: (ceil(S / BM), B*H). Block: 384 threads = producer warpgroup + 2 consumer warpgroups.
+template <int D, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 1)
+attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                 const __grid_constant__ CUtensorMap map_v, __nv_bfloat16* __restrict__ O, float* __restrict__ L,
+                 int S, float scale_log2) {
+#if A07C_HAS_WGMMA
+    using C = Cfg<D>;
+    using P = Plan<D>;
+    constexpr int STAGES = C::STAGES;
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t q_full, k_full[STAGES], v_full[STAGES], empty[STAGES];
+    // 128-byte swizzled tiles must start on a 1024-byte boundary. Layout: Q | K ring | V ring,
+    // each tile as PANELS boxes of [rows][64 columns] (16 KB each), side by side.
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;   // P::q_panel, k_panel, ... from here
+
+    const int bh = blockIdx.y;
+    // Causal: the last query blocks see the most keys; start them first (fewer stragglers).
+    const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int m0 = m_block * BM;
+    const int kv_end = CAUSAL ? min(S, m0 + BM) : S;   // keys this block can see: [0, kv_end)
+    const int n_tiles = (kv_end + BN - 1) / BN;
+
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        mbar_init(smem_u32(&q_full), 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(smem_u32(&k_full[s]), 1);                  // the producer's arrive + bytes
+            mbar_init(smem_u32(&v_full[s]), 1);
+            mbar_init(smem_u32(&empty[s]), CONSUMERS * 128);     // every consumer thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the inits, seen by TMA (async proxy)
+    }
+    __syncthreads();
+
+    // TODO(a07 7c): the producer and consumer loops and the epilogue. Outline:
+    //  * producer (wg == 0): setmaxnreg_dec<24>(); thread t == 0 alone: the Q block once
+    //    (mbar_arrive_expect_tx(q_full, Q_BYTES), PANELS boxes at (x = 64p, y = m0, z = bh)
+    //    into P::q_panel(base, p)), then for each key tile j: slot s = j % STAGES, phase =
+    //    (j / STAGES) & 1; wait empty[s] for parity phase ^ 1; expect KV_BYTES on k_full[s],
+    //    TMA the K boxes (x = 64p, y = j*BN, z = bh) into P::k_panel(base, s, p); the same
+    //    for V on v_full[s] into P::v_panel(base, s, p).
+    //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); c = wg - 1 owns query rows m0 + 64c ..;
+    //    thread (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
+    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Per tile: S = 0 (then
+    //    fence_operands(S)); wait k_full (consumers wait with mbar_wait_warp); wgmma_fence();
+    //    for each 16-column step k of d: wgmma_ss_m64n128k16(S, P::desc_q(base, c, k),
+    //    P::desc_k(base, s, k)); commit, wait<0>, fence_operands(S).
+    //    Mask (-inf) columns >= S and, causal, columns > row. Online softmax in the exp2
+    //    domain (row max over the 4 lanes of a row: __shfl_xor_sync 1 and 2). P to bf16:
+    //    register a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]). fence_operands of o and
+    //    a; wait v_full; wgmma_fence(); for each 16-key step kk: PV<D>::run(o, a[kk],
+    //    P::desc_v(base, s, kk)); commit, wait<0>, fence_operands(o), arrive on empty[s].
+    //  * epilogue: O = o / l (l summed over the 4 lanes of a row), rows < S only, and
+    //    L = (m + log2 l) * ln 2 from lane l % 4 == 0.
+    //  * once that passes: the ping-pong schedule (if PINGPONG): named_bar_sync(1 + c) before
+    //    each GEMM's wgmma_fence, named_bar_arrive(2 - c) right after its commit; consumer 1
+    //    arrives on barrier 1 once before its loop (consumer 0 goes first), consumer 0 syncs on
+    //    barrier 1 once after its loop (the last arrive is matched).
+    // SOLUTION
+    if (wg == 0) {
+        // ---- producer: one thread keeps STAGES key/value tiles in flight.
+        setmaxnreg_dec<24>();
+        if (t == 0) {
+            mbar_arrive_expect_tx(smem_u32(&q_full), C::Q_BYTES);
+#pragma unroll
+            for (int p = 0; p < C::PANELS; ++p)
+                tma_load_3d(P::q_panel(base, p), &map_q, p * PANEL, m0, bh, smem_u32(&q_full));
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = j % STAGES;
+                const uint32_t phase = (j / STAGES) & 1;
+                mbar_wait(smem_u32(&empty[s]), phase ^ 1);       // both consumers released slot s
+                mbar_arrive_expect_tx(smem_u32(&k_full[s]), C::KV_BYTES);
+#pragma unroll
+                for (int p = 0; p < C::PANELS; ++p)
+                    tma_load_3d(P::k_panel(base, s, p), &map_k, p * PANEL, j * BN, bh, smem_u32(&k_full[s]));
+                mbar_arrive_expect_tx(smem_u32(&v_full[s]), C::KV_BYTES);
+#pragma unroll
+                for (int p = 0; p < C::PANELS; ++p)
+                    tma_load_3d(P::v_panel(base, s, p), &map_v, p * PANEL, j * BN, bh, smem_u32(&v_full[s]));
+            }
+        }
+    } else {
+        // ---- consumers: warpgroup c owns query rows [m0 + 64c, m0 + 64c + 64).
+        setmaxnreg_inc<240>();
+        const int c = wg - 1, w = t / 32, l = t % 32;
+        const int row_lo = m0 + c * 64 + w * 16 + l / 4;   // this thread's rows: row_lo and row_lo + 8
+        const int wg_row0 = m0 + c * 64;                    // the warpgroup's first row
+        float o[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};    // running max, log2 units (scaled)
+        float l_run[2] = {0.f, 0.f};                        // running sum, this thread's columns only
+        mbar_wait_warp(smem_u32(&q_full), 0);
+        // Ping-pong (FA3): the two warpgroups take turns at the tensor cores, so that one's softmax
+        // runs while the other's wgmma's do. Each GEMM is issued holding the turn (bar.sync on my
+        // barrier 1 + c), which passes to the other right after the issue (bar.arrive on 2 - c).
+        // Consumer 1 hands consumer 0 the first turn.
+        if (PINGPONG && c == 1) named_bar_arrive(1);
+
+        for (int j = 0; j < n_tiles; ++j) {
+            const int s = j % STAGES;
+            const uint32_t phase = (j / STAGES) & 1;
+            // ---- S = Q K^T (fp32, 64 rows x 128 keys per warpgroup: 64 registers a thread)
+            float sc[BN / 2];
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
+            fence_operands(sc);                                  // the zeros are written before the fence
+            mbar_wait_warp(smem_u32(&k_full[s]), phase);
+            if (PINGPONG) named_bar_sync(1 + c);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < D / 16; ++k)
+                wgmma_ss_m64n128k16(sc, P::desc_q(base, c, k), P::desc_k(base, s, k));
+            wgmma_commit();
+            if (PINGPONG) named_bar_arrive(2 - c);
+            wgmma_wait<0>();
+            fence_operands(sc);
+
+            // ---- mask: only the ragged last tile and (causal) tiles reaching past the diagonal
+            const int n0 = j * BN;
+            if (n0 + BN > S || (CAUSAL && n0 + BN - 1 > wg_row0)) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) {
+                    const int col = n0 + 8 * (i / 4) + 2 * (l % 4) + (i % 2);
+                    const int row = row_lo + 8 * ((i / 2) % 2);
+                    if (col >= S || (CAUSAL && col > row)) sc[i] = -CUDART_INF_F;
+                }
+            }
+
+            // ---- online softmax (exp2 domain; scale_log2 = log2(e) / sqrt(d) > 0)
+            float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+            float alpha[2], neg_base[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));   // the 4 lanes of a row
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
+                const float b = m_new == -CUDART_INF_F ? 0.f : m_new;   // a row with no key yet: never NaN
+                alpha[h] = ex2(m_run[h] - b);                             // 0 on the first tile
+                neg_base[h] = -b;
+                m_run[h] = m_new;
+            }
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) {
+                const int h = (i / 2) % 2;
+                sc[i] = ex2(fmaf(sc[i], scale_log2, neg_base[h]));
+                rs[h] += sc[i];
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+
+            // ---- P to bf16, already in the register-A layout of m64nNk16: step kk covers keys
+            // 16kk..16kk+15 = accumulators 8kk..8kk+7 (rows r / r+8, columns +0 / +8).
+            uint32_t pa[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) pa[kk][r] = pack_bf16(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+
+            // ---- O += P V (V tile [128 keys][d] row-major = MN-major B; LBO = panel to panel
+            // along d, SBO = 8 key rows). The rescaled o and the packed P are register operands of
+            // the wgmma's: fence them so that the compiler writes them before wgmma.fence.
+            fence_operands(o);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pa[kk]);
+            mbar_wait_warp(smem_u32(&v_full[s]), phase);
+            if (PINGPONG) named_bar_sync(1 + c);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) PV<D>::run(o, pa[kk], P::desc_v(base, s, kk));
+            wgmma_commit();
+            if (PINGPONG) named_bar_arrive(2 - c);
+            wgmma_wait<0>();
+            fence_operands(o);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pa[kk]);
+            mbar_arrive(smem_u32(&empty[s]));                    // the producer may refill slot s
+        }
+
+        // Consumer 1's last arrive on barrier 1 is still pending: consumer 0 takes it, so both
+        // named barriers end the block with every arrive matched.
+        if (PINGPONG && c == 0) named_bar_sync(1);
+
+        // ---- epilogue: O = o / l straight from registers (rows < S), L = (m + log2 l) ln 2
+        const float LN2 = 0.6931471805599453f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float lt = l_run[h];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            const int row = row_lo + 8 * h;
+            if (row < S) {
+                __nv_bfloat16* orow = O + ((size_t)bh * S + row) * D;
+#pragma unroll
+                for (int jj = 0; jj < D / 8; ++jj)
+                    store2(orow + 8 * jj + 2 * (l % 4), o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+                if (l % 4 == 0)
+                    L[(size_t)bh * S + row] = lt > 0.f ? (m_run[h] + __log2f(lt)) * LN2 : -CUDART_INF_F;
+            }
+        }
+    }
+    // END TODO(a07 7c)
+#else
+    __trap();  // built without sm_90a: launch_attention_fwd_hopper refuses before we get here
+#endif
+}
+
+// ------------------------------------------------------------------ host side (given)
+// cuTensorMapEncodeTiled is a driver API call; fetch it through the runtime so the
+// extension needs no -lcuda.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline EncodeTiled encode_tiled() {
+    static EncodeTiled fn = nullptr;
+    if (!fn) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess && q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<EncodeTiled>(p);
+    }
+    return fn;
+}
+
+// A contiguous bf16 [BH, S, D] tensor seen in boxes of [box_rows, 64] elements of one (b, h),
+// 128-byte swizzled. Dim 1 (S) bounds the box: rows >= S are zero-filled, never the next head's.
+inline bool make_map(CUtensorMap* map, const void* ptr, int BH, int S, int D, int box_rows) {
+    EncodeTiled encode = encode_tiled();
+    if (!encode) return false;
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)BH};   // innermost first
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)S * D * 2};    // bytes, dims 1..
+    const cuuint32_t box[3] = {(cuuint32_t)PANEL, (cuuint32_t)box_rows, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, bool CAUSAL>
+cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* lse, int BH, int S,
+                   cudaStream_t stream) {
+    CUtensorMap map_q, map_k, map_v;
+    if (!make_map(&map_q, q, BH, S, D, BM) || !make_map(&map_k, k, BH, S, D, BN) || !make_map(&map_v, v, BH, S, D, BN))
+        return cudaErrorInvalidValue;
+    auto kernel = attention_fwd_hopper<D, CAUSAL>;  // (no "flash_fwd" in the name: that is SDPA's kernel to the checks)
+    static bool configured = false;   // one per instantiation
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<D>::SMEM_BYTES);
+        if (e != cudaSuccess) return e;
+        configured = true;
+    }
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+    const dim3 grid((S + BM - 1) / BM, BH);
+    kernel<<<grid, THREADS, Cfg<D>::SMEM_BYTES, stream>>>(map_q, map_k, map_v, static_cast<__nv_bfloat16*>(o), lse,
+                                                          S, scale_log2);
+    return cudaGetLastError();
+}
+
+}  // namespace a07c
+
+// q, k, v, o: contiguous bf16 [BH, S, D]; lse: contiguous fp32 [BH, S]. D = 64 or 128.
+// Returns cudaErrorNotSupported off Hopper (sm_90) or when built without sm_90a
+// (-DA07C_SM90A, which flash_hopper.py passes with the sm_90a target), cudaErrorInvalidValue
+// for what the kernel cannot take (D, sizes, 16-byte alignment, more than 65535 heads).
+cudaError_t launch_attention_fwd_hopper(const void* q, const void* k, const void* v, void* o, float* lse, int BH, int S,
+                                    int D, bool causal, cudaStream_t stream) {
+    using namespace a07c;
+    if (BH == 0 || S == 0) return cudaSuccess;
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major != 9 || minor != 0) return cudaErrorNotSupported;
+#ifndef A07C_SM90A
+    return cudaErrorNotSupported;  // the kernel was compiled without the sm_90a target
+#endif
+    if (BH < 0 || S < 0 || BH > 65535 ||
+        ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
+          reinterpret_cast<uintptr_t>(o)) & 15))
+        return cudaErrorInvalidValue;
+    if (D == 64) return causal ? launch<64, true>(q, k, v, o, lse, BH, S, stream) : launch<64, false>(q, k, v, o, lse, BH, S, stream);
+    if (D == 128) return causal ? launch<128, true>(q, k, v, o, lse, BH, S, stream) : launch<128, false>(q, k, v, o, lse, BH, S, stream);
+    return cudaErrorInvalidValue;
+}
