@@ -83,16 +83,46 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
     return build_name
 
 
-def build_course_ops(impl: str = "solutions") -> None:
-    """Build the CUDA extensions of stages 4 and 6 for ``impl`` (GPU machine): scripts run
-    this in the background so that graders, tests and notebooks find the builds cached."""
+#: The CUDA extensions the course builds, by name: stage 4's op (and its --use_fast_math twin),
+#: stage 6's matmul versions and stage 7c's Hopper attention forward. Each is (module, how to build it) for common.impl.load.
+COURSE_OPS = {"a04": ("a04_cuda_gelu.fused_gelu", lambda m: m.build()),
+              "a04_fast": ("a04_cuda_gelu.fused_gelu", lambda m: m.build(fast_math=True)),
+              "a06": ("a06_matmul.matmul_cuda", lambda m: m._op()),
+              "a07c": ("a07_flash_attention.flash_hopper", lambda m: m._op())}   # sm_90 GPUs only
+
+
+def build_course_ops(impl: str | None = None, names: Sequence[str] = tuple(COURSE_OPS)) -> None:
+    """Build the CUDA extensions ``names`` (keys of COURSE_OPS) of ``impl`` (default: $COURSE_IMPL,
+    else assignments) one after the other, on a GPU machine."""
     import time
 
     from common.impl import load
-    t0 = time.time()
-    load("a04_cuda_gelu.fused_gelu", impl).build()
-    load("a06_matmul.matmul_cuda", impl)._op()
-    print(f"[build] a04 and a06 extensions of {impl} ready in {time.time() - t0:.0f} s", flush=True)
+    for name in names:
+        t0 = time.time()
+        module, build = COURSE_OPS[name]
+        build(load(module, impl))
+        print(f"[build] {name} of {impl or 'the current impl'} ready in {time.time() - t0:.0f} s", flush=True)
+
+
+def prebuild(names: Sequence[str], impl: str | None = None) -> list[subprocess.Popen]:
+    """Start one background process per extension in ``names`` that builds it into the cache (a GPU
+    machine; ``[]`` elsewhere). A cold test run then compiles the extensions side by side while
+    the first tests run, instead of one after the other when a test first needs each: a test that
+    loads an op still building waits for it (torch's build lock), then loads the cached build. A
+    build that fails there fails again in the test that needs it, with the compiler's message.
+    Each process's output: ``<cache_dir>/prebuild-<name>.log``."""
+    import torch
+    if not torch.cuda.is_available():
+        return []
+    env = dict(os.environ, **({"COURSE_IMPL": str(impl)} if impl is not None else {}))
+    root = Path(__file__).resolve().parent.parent
+    procs = []
+    for name in names:
+        with open(cache_dir() / f"prebuild-{name}.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", f"from common.cuda_ext import build_course_ops; build_course_ops(names=[{name!r}])"],
+                cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    return procs
 
 
 def nvcc_path() -> str | None:

@@ -8,6 +8,7 @@ never mistaken for GPU time.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -52,6 +53,42 @@ def autotune_bench(kernel_call: Callable[[], object], quantiles) -> list[float]:
     ``triton.testing.do_bench`` (L2 flushed between runs), AUTOTUNE_WARMUP_MS + AUTOTUNE_REP_MS."""
     import triton
     return triton.testing.do_bench(kernel_call, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS, quantiles=quantiles)
+
+
+#: Threads that compile an autotuner's configs at once (precompile); 1 compiles them one by one, as
+#: Triton's autotuner does by itself.
+COMPILE_THREADS = int(os.environ.get("COURSE_COMPILE_THREADS", min(16, os.cpu_count() or 1)))
+
+
+def precompile(autotuner, grid, *args, **meta) -> None:
+    """Compile every config ``autotuner`` (a ``triton.autotune``'d kernel) is about to time for
+    this call, COMPILE_THREADS at a time, before it times them.
+
+    Call it just before ``autotuner[grid](*args, **meta)``. Triton's autotuner compiles each
+    candidate config when it first times it, one after the other: for a new shape that is most
+    of the tuning on a fresh machine (a Hopper matmul config takes a second or more to compile,
+    and a GPT-2 forward meets a dozen new GEMM keys). Compiling runs mostly outside the GIL
+    (Triton's passes and ptxas), so threads overlap it. A key the autotuner has already tuned
+    in this process returns at once; a compile error is left for the autotuner to raise, as
+    without this call. No-op under the Triton interpreter.
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or COMPILE_THREADS <= 1:
+        return
+    named = {**dict(zip(autotuner.arg_names, args)), **meta}
+    key = [named[k] for k in autotuner.keys if k in named]   # the key Autotuner.run builds (Triton 3.6)
+    key += [str(v.dtype) for k, v in named.items() if k in autotuner.arg_names and hasattr(v, "dtype")]
+    if tuple(key) in autotuner.cache:
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # a Triton without async compilation: the autotuner compiles as usual
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(COMPILE_THREADS) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            autotuner.warmup(*args, grid=grid, **meta)
+    except Exception:  # noqa: BLE001 - whatever fails here fails again, with its own message, in the launch
+        return
 
 
 def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> Timing:

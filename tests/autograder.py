@@ -9,7 +9,8 @@
 Tests that take the ``impl`` fixture are *graded* (marked automatically), except
 those marked ``given``: they check given code (an input check, a binding) through the
 impl and pass on the untouched stubs. The rest check the course itself. Tests marked ``gpu`` need a CUDA GPU and skip
-elsewhere with the reason; ``nvcc`` tests need the CUDA compiler (no GPU). Tests marked
+elsewhere with the reason; ``nvcc`` tests need the CUDA compiler and run where there is no GPU (on a
+GPU machine the GPU tests build the same sources). Tests marked
 ``mutants`` are the slow course self-checks (every buggy variant in tests/mutants/ is caught by
 the graded tests and, where it says so, by the grader alone; the untouched stubs fail every
 graded test; the grader, run on whole trees, scores solutions, stubs and cheats as it should): they skip unless ``--mutants`` is given. ``make test`` (and so CI) gives it; a
@@ -23,7 +24,7 @@ from pathlib import Path
 import common  # noqa: F401  (sets TRITON_INTERPRET before any kernel module imports triton)
 import pytest
 
-from common import HAS_CUDA
+from common import HAS_CUDA, is_hopper
 from common.cuda_ext import nvcc_path
 from common.impl import ENV_VAR, Impl
 
@@ -57,6 +58,10 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU: this machine has none (runs on a GPU machine)")
     no_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA compiler) to check CUDA sources")
+    # nvcc checks are for machines without a GPU (CI): on a GPU the GPU tests build and run the same
+    # sources, and the checks would add half a minute to every run there.
+    nvcc_on_gpu = pytest.mark.skip(reason="CPU-only check of CUDA sources (CI runs it): on this GPU machine "
+                                          "the GPU tests build and run them")
     no_mutants = pytest.mark.skip(reason="slow course self-check: runs with --mutants (make test, CI)")
     mutants = config.getoption("--mutants")
     for item in items:
@@ -66,8 +71,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.graded)
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(no_gpu)
-        if "nvcc" in item.keywords and nvcc_path() is None:
+        if "nvcc" in item.keywords and HAS_CUDA:
+            item.add_marker(nvcc_on_gpu)
+        elif "nvcc" in item.keywords and nvcc_path() is None:
             item.add_marker(no_nvcc)
+
+
+def pytest_collection_finish(session):
+    """On a GPU machine, start building the CUDA extensions the selected tests need (stages 4, 6, 7c)
+    in background processes, side by side, while the first tests run (common.cuda_ext.prebuild).
+    A cached build makes that a few seconds of one CPU core. COURSE_PREBUILD=0 turns it off."""
+    if not HAS_CUDA or session.config.option.collectonly or os.environ.get("COURSE_PREBUILD", "1") == "0":
+        return
+    files = {Path(str(item.fspath)).name for item in session.items
+             if not any(m.name == "skip" for m in item.iter_markers())}
+    names = [n for n, f in (("a04", "test_a04_cuda_gelu.py"), ("a04_fast", "test_a04_cuda_gelu.py"),
+                            ("a06", "test_a06_matmul.py"), ("a07c", "test_a07c_flash_hopper.py"))
+             if f in files and (n != "a07c" or is_hopper())]
+    if names:
+        from common.cuda_ext import cache_dir, prebuild
+        prebuild(names)
+        session.config.get_terminal_writer().line(
+            f"building CUDA extensions {', '.join(names)} in the background (logs: {cache_dir()}/prebuild-*.log)")
 
 
 def pytest_runtest_logstart(nodeid, location):

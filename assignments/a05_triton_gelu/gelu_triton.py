@@ -28,7 +28,7 @@ import triton.language as tl
 from common import TRITON_INTERPRET
 from common.checks import check_tensor
 from common.impl import op_namespace
-from common.timing import autotune_bench
+from common.timing import autotune_bench, precompile
 
 NS = op_namespace(__name__)
 
@@ -67,7 +67,9 @@ def triton_gelu(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n = x.numel()
     if n > 0:
-        gelu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
+        precompile(gelu_kernel, grid, x, y, n)  # a new n: the configs compiled in parallel threads
+        gelu_kernel[grid](x, y, n)
     return y
 
 

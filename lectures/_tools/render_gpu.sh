@@ -22,7 +22,7 @@ LOG="$OUT/render.log"
   python3 -c "import torch, triton, matplotlib, numpy, transformers; print('torch', torch.__version__, '| triton', triton.__version__, '| matplotlib', matplotlib.__version__, '| numpy', numpy.__version__, '| transformers', transformers.__version__)"
 } > "$LOG" 2>&1
 BUILD_LOG=$(mktemp)
-python3 -c "from common.cuda_ext import build_course_ops; build_course_ops()" > "$BUILD_LOG" 2>&1 &
+python3 -c "from common.cuda_ext import build_course_ops; build_course_ops('solutions')" > "$BUILD_LOG" 2>&1 &
 timeout "${TOTAL_TIMEOUT:-480}" python3 lectures/_tools/execute.py --allow-errors --timeout "${NB_TIMEOUT:-300}" --out "$OUT" \
   lectures/01_*.ipynb lectures/02_*.ipynb lectures/03_*.ipynb lectures/05_*.ipynb \
   lectures/07_*.ipynb lectures/04_*.ipynb lectures/06_*.ipynb lectures/08_*.ipynb >> "$LOG" 2>&1

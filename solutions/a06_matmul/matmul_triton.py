@@ -33,7 +33,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET
 from common.checks import check_same, check_tensor
-from common.timing import autotune_bench
+from common.timing import autotune_bench, precompile
 
 ACTIVATIONS = (None, "gelu_tanh")
 #: Fixed config used by the tile-quantization sweep: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
@@ -337,6 +337,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         tuned = _TUNED.get(key)
         if tuned is None:
             grid = lambda META: (triton.cdiv(mm, META["BLOCK_M"]) * triton.cdiv(nn, META["BLOCK_N"]),)  # noqa: E731
+            precompile(_matmul_autotuned, grid, *args, **meta)  # the candidate configs, in parallel threads
             _matmul_autotuned[grid](*args, **meta)
             best = _matmul_autotuned.best_config
             _TUNED[key] = (_shape(best), best.kwargs["PREFETCH"])

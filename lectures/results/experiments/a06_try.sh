@@ -24,6 +24,7 @@ cat "$OUT/gpu.txt"
 for vt in shipped:120 occ:45 base:40 tf32_kmaj:40 tf32_cfg:40 tf32_reg:40 tf32_swap:40 splitk:60 bk128:40 tma:50 \
           unal_cfg:45 recomp:45 prefetch:45 gemv:25 pad:30 tma_ws:45; do
   v=${vt%%:*}; lim=${vt##*:}
+  [ -n "${VARIANTS:-}" ] && [[ " $VARIANTS " != *" $v "* ]] && continue   # VARIANTS="shipped occ": those only
   left=$(( BUDGET - ($(date +%s) - T0) ))
   (( lim > left )) && lim=$left
   if (( lim < 15 )); then echo "[try] $v: skipped, budget spent" | tee -a "$LOG"; continue; fi

@@ -1,0 +1,111 @@
+"""pytest plugin: where a cold test run's time goes, per test. Load it with
+``PYTHONPATH=.ci python -m pytest -p compile_log ...`` (used by ``.ci/gpu-check``'s suite step).
+
+Records every Triton compile (kernel, seconds, thread: compiles in ``common.timing.precompile``'s
+threads run side by side, so their seconds add up to more than the wall time they took), every
+autotuning of a new key (wall seconds, compiles included) and every CUDA extension build
+(``torch.utils.cpp_extension.load``), against the test that was running. At the end it prints
+the tests that spent most and the totals, and writes them to ``$COMPILE_LOG_JSON`` if set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+_RECORDS: list[tuple[str, str, str, float, str]] = []   # (test, kind, name, seconds, thread)
+_TEST = ["<collection>"]
+_CACHE_HIT_S = 0.05   # a compile that returns this fast was read from Triton's cache
+
+
+def _record(kind: str, name: str, seconds: float) -> None:
+    _RECORDS.append((_TEST[0], kind, name, seconds, threading.current_thread().name))
+
+
+def _install() -> None:
+    import torch.utils.cpp_extension as cpp
+    import triton.compiler as compiler
+    from triton.runtime.autotuner import Autotuner
+
+    compile_ = compiler.compile   # a kernel's first launch looks it up here (JITFunction.create_binder)
+
+    def compile(src, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return compile_(src, *args, **kwargs)
+        finally:
+            _record("compile", getattr(getattr(src, "fn", None), "__name__", "?"), time.perf_counter() - t)
+    compiler.compile = compile
+
+    run_ = Autotuner.run
+
+    def run(self, *args, **kwargs):
+        n, t = len(self.cache), time.perf_counter()
+        try:
+            return run_(self, *args, **kwargs)
+        finally:
+            if len(self.cache) > n:
+                _record("autotune", self.base_fn.__name__, time.perf_counter() - t)
+    Autotuner.run = run
+
+    load_ = cpp.load
+
+    def load(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return load_(*args, **kwargs)
+        finally:
+            _record("cuda_build", kwargs.get("name", "?"), time.perf_counter() - t)
+    cpp.load = load
+
+    import common.timing as timing
+    precompile_ = timing.precompile
+
+    def precompile(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return precompile_(*args, **kwargs)
+        finally:
+            _record("precompile", getattr(args[0], "base_fn", args[0]).__name__, time.perf_counter() - t)
+    timing.precompile = precompile
+
+
+_install()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _TEST[0] = item.nodeid
+    yield
+    _TEST[0] = "<between tests>"
+
+
+def pytest_terminal_summary(terminalreporter):
+    per = defaultdict(lambda: defaultdict(float))
+    count = defaultdict(int)
+    for test, kind, name, s, thread in _RECORDS:
+        if kind == "compile" and s < _CACHE_HIT_S:
+            kind = "compile_cached"
+        per[test][kind] += s
+        count[(test, kind)] += 1
+    kinds = ["compile", "compile_cached", "precompile", "autotune", "cuda_build"]
+    w = terminalreporter.write_line
+    w("")
+    w("compile log (s; compile = seconds summed over threads, n = count): " + ", ".join(kinds))
+    total = defaultdict(float)
+    for test, d in per.items():
+        for k, v in d.items():
+            total[k] += v
+    top = sorted(per, key=lambda t: -(per[t]["compile"] + per[t]["cuda_build"] + per[t]["autotune"]))[:25]
+    for t in top:
+        d = per[t]
+        w(f"  {t[:110]:110s} " + " ".join(f"{k}={d[k]:.1f}/{count[(t, k)]}" for k in kinds if d[k] or count[(t, k)]))
+    w("  TOTAL " + " ".join(f"{k}={total[k]:.1f}" for k in kinds))
+    path = os.environ.get("COMPILE_LOG_JSON")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"records": _RECORDS, "total": total}, f)
