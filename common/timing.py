@@ -91,6 +91,28 @@ def precompile(autotuner, grid, *args, **meta) -> None:
         return
 
 
+def compile_together(launches) -> None:
+    """Compile the kernels of several launches side by side, COMPILE_THREADS at a time, before they
+    run one after the other. ``launches``: (jit function, grid, args, kwargs) as they will be
+    launched, ``fn[grid](*args, **kwargs)``. For a caller that launches kernels no earlier one
+    needs compiled (stage 7's backward: delta, dK/dV, dQ); call it once per new kind of call, not
+    on every call (each warmup looks its kernel up: microseconds). Errors are left to the launches.
+    No-op under the Triton interpreter."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or COMPILE_THREADS <= 1:
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(COMPILE_THREADS) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for fn, grid, args, kwargs in launches:
+                fn.warmup(*args, grid=grid, **kwargs)
+    except Exception:  # noqa: BLE001 - whatever fails here fails again, with its own message, in the launch
+        return
+
+
 def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> Timing:
     """Median time of ``fn()`` in ms. GPU: CUDA events via do_bench; CPU: perf_counter."""
     if torch.cuda.is_available():

@@ -39,6 +39,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.timing import compile_together
 
 HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634
@@ -341,6 +342,7 @@ FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64
 DKDV_TUNE = _configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)])
 DQ_TUNE = _configs([(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4, 4)])
 _tuned = {}
+_compiled_backward: set[tuple] = set()   # kinds of backward call whose kernels compile_together compiled
 
 
 @dataclass(frozen=True)
@@ -453,16 +455,26 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     nk = k4.shape[2]
     delta = _new(q.shape[:-1], q, torch.float32)
     dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
-    _attn_bwd_delta[(triton.cdiv(nq, 64), Z * H)](o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
-                                                  HEAD_DIM=d, BLOCK_M=64)
     sm_scale = 1.0 / math.sqrt(d)
     args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
-    kernel, cfg = _kernel(_attn_bwd_dkdv, "dkdv", d)
-    kernel[lambda meta: (triton.cdiv(nk, meta["BLOCK_N"]), Z * H)](
-        q4, k4, v4, do4, lse, delta, dk, dv, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
-    kernel, cfg = _kernel(_attn_bwd_dq, "dq", d)
-    kernel[lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)](
-        q4, k4, v4, do4, lse, delta, dq, *args, HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    (dkdv, dkdv_cfg), (dq_kernel, dq_cfg) = _kernel(_attn_bwd_dkdv, "dkdv", d), _kernel(_attn_bwd_dq, "dq", d)
+    launches = [
+        (_attn_bwd_delta, (triton.cdiv(nq, 64), Z * H), (o4, do4, delta, *o4.stride(), *do4.stride(), H, nq),
+         dict(HEAD_DIM=d, BLOCK_M=64)),
+        (dkdv, lambda meta: (triton.cdiv(nk, meta["BLOCK_N"]), Z * H), (q4, k4, v4, do4, lse, delta, dk, dv, *args),
+         dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dkdv_cfg)),
+        (dq_kernel, lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H), (q4, k4, v4, do4, lse, delta, dq, *args),
+         dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg)),
+    ]
+    # The first backward of a kind compiles its three kernels side by side (a second or more each on
+    # a Hopper); the key is coarse: a kind it misses compiles one kernel after another, as without it.
+    kind = (q.dtype, d, bool(is_causal), str(_options[-1]), nq % 16, nk % 16,
+            tuple(st % 16 for t in (q4, k4, v4, o4, do4) for st in t.stride()))
+    if kind not in _compiled_backward and not _options[-1].tune:
+        _compiled_backward.add(kind)
+        compile_together(launches)
+    for kernel, grid, kernel_args, kwargs in launches:
+        kernel[grid](*kernel_args, **kwargs)
     return dq, dk, dv
 
 
