@@ -26,13 +26,14 @@
 //     consumer issues a GEMM holding the turn and hands it over right after the issue), so one
 //     warpgroup's softmax runs while the other's wgmma's do (FA3's warp scheduler barrier).
 //
-// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): without ping-pong 0.89-0.98x SDPA.
-// Next steps, in the order FlashAttention-3 takes them (expected gain in brackets):
-//   1. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
+// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.88-0.98x SDPA (ping-pong bought
+// 0-8 %). Nsight Compute: tensor pipe 61 % busy here, 73 % in SDPA's (persistent) kernel.
+// Next steps (expected gain in brackets):
+//   1. a persistent tile loop (grid = #SMs, each CTA walks (query block, b*h) tiles, causal:
+//      longest first): the next tile's Q load and K/V fill overlap this tile's epilogue, as in
+//      SDPA's kernel; the epilogue through shared memory + a TMA store           [~5-10%]
+//   2. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
 //      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]
-//   2. the epilogue through shared memory + a TMA store (coalesced 128-byte rows) and a
-//      persistent tile scheduler (causal: longest blocks first, already done here by
-//      reversing blockIdx.x)                                            [a few %]
 //   3. BN = 176 / 3 consumer warpgroups at d = 64 (more work per K/V byte).
 //
 // Build and check without a GPU (what common.cuda_ext.compile_check runs):

@@ -176,6 +176,18 @@ def attention_real_row() -> list[str]:
     return ["7 flash attention, real shapes", result, f"fwd 0.9x, fwd+bwd 0.8x, minimum over the sweep: {_status(misses)}"]
 
 
+def hopper_attention_row() -> list[str]:
+    """Stage 7c: the Hopper CUDA forward (TMA, wgmma, warp specialisation) against SDPA."""
+    rows = _rows("a07c/a07c_flash_hopper.csv")
+    worst = min(rows, key=lambda r: _f(r["ratio"]))
+    lo = _f(worst["ratio"])
+    result = (f"forward, bf16, d=128, S=2048-16384, causal and not: {_span([_f(r['ratio']) for r in rows])} SDPA "
+              f"({_span([_f(r['tflops_hopper']) for r in rows], '{:.0f}', ' TFLOP/s')}); lowest at "
+              f"S={worst['S']}{' causal' if worst['causal'] == 'True' else ''}")
+    return ["7c flash attention forward, Hopper CUDA", result,
+            f"≥ 1.0x SDPA at d=128, S ≥ 2048: {_status([f'{lo:.2f}x'] if lo < 1.0 else [])}"]
+
+
 def _rechecks() -> dict[tuple[str, str, str], dict[str, float]]:
     """Stage-8 cases measured again (``a08_*recheck*.log``: the bench's ``model=.. prompt=..
     batch=.. key=value`` lines), by (model, prompt, batch)."""
@@ -226,7 +238,8 @@ def gpt2_row() -> list[str]:
     return [stage, result, f"decode ≥ 3x eager at batch 1, ≥ 1.0x compiled; prefill ≥ 1.0x eager: {_status(misses)}"]
 
 
-ROWS = (linear_row, gelu_row, matmul_row, matmul_real_row, attention_row, attention_real_row, gpt2_row)
+ROWS = (linear_row, gelu_row, matmul_row, matmul_real_row, attention_row, attention_real_row, hopper_attention_row,
+        gpt2_row)
 
 
 def table() -> str:
