@@ -25,6 +25,12 @@ class Mutant:
     #: None: checked with the graded tests only. A tuple: the grader alone (``common.grade --no-tests``,
     #: its trials) must reject it too, and its report (violations and message) must contain these.
     grader: tuple[str, ...] | None = None
+    #: The test file (in tests/) whose graded tests must catch it; None: test_<stage>.py.
+    tests: str | None = None
+
+    @property
+    def test_file(self) -> str:
+        return self.tests or f"test_{self.stage}.py"
 
     @property
     def id(self) -> str:

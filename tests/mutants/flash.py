@@ -1,8 +1,10 @@
-"""Buggy variants of stage 7 (tiled PyTorch 7a, Triton forward and backward 7b).
-Each must make at least one graded test of tests/test_a07_flash_attention.py fail."""
+"""Buggy variants of stage 7 (tiled PyTorch 7a, Triton forward and backward 7b, Hopper CUDA
+forward 7c). Each must make at least one graded test of tests/test_a07_flash_attention.py
+(7c: tests/test_a07c_flash_hopper.py, on an sm_90 GPU) fail."""
 from . import Mutant
 
-S, T, P = "a07_flash_attention", "flash_triton.py", "flash_torch.py"
+S, T, P, H = "a07_flash_attention", "flash_triton.py", "flash_torch.py", "flash_fwd_hopper.cu"
+H_TESTS = "test_a07c_flash_hopper.py"
 MUTANTS = [
     # ---- 7a, tiled PyTorch
     Mutant(S, P, "7a running sum not rescaled", [("acc = acc * alpha[..., None] + p @ v", "acc = acc + p @ v")]),
@@ -34,4 +36,14 @@ MUTANTS = [
                                    "        dp = tl.dot(do, tl.trans(v))\n        ds = p * dp\n        dq = tl.dot(ds.to(k.dtype), k, dq)\n\n    for")]),
     Mutant(S, T, "dO strides taken from q", [("    args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)",
                                               "    args = (*q4.stride(), *k4.stride(), *v4.stride(), *q4.stride(), H, nq, nk, sm_scale)")]),
+    # ---- 7c, Hopper CUDA forward (sm_90 GPU only)
+    Mutant(S, H, "7c O not rescaled when the row max grows", [("o[i] *= alpha[(i / 2) % 2];", "o[i] *= 1.f;")],
+           gpu=True, tests=H_TESTS),
+    Mutant(S, H, "7c causal diagonal masked", [("if (col >= S || (CAUSAL && col > row)) sc[i] = -CUDART_INF_F;",
+                                                "if (col >= S || (CAUSAL && col >= row)) sc[i] = -CUDART_INF_F;")], gpu=True, tests=H_TESTS),
+    Mutant(S, H, "7c ragged last key tile unmasked", [("if (col >= S || (CAUSAL && col > row)) sc[i] = -CUDART_INF_F;",
+                                                       "if (CAUSAL && col > row) sc[i] = -CUDART_INF_F;")], gpu=True, tests=H_TESTS),
+    Mutant(S, H, "7c L in log2 units", [("(m_run[h] + __log2f(lt)) * LN2", "(m_run[h] + __log2f(lt))")], gpu=True, tests=H_TESTS),
+    Mutant(S, H, "7c row max over 2 of its 4 lanes",
+           [("mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));", "")], gpu=True, tests=H_TESTS),
 ]

@@ -80,7 +80,7 @@ def run(ids: list[str], claims: Path | None = None) -> dict[str, dict]:
                 results[mid] = {"caught": False, "error": str(e)}
                 continue
             out = _Outcome()
-            code = pytest.main([str(REPO / "tests" / f"test_{m.stage}.py"), "--impl", str(sub), "-m", "graded", "-x",
+            code = pytest.main([str(REPO / "tests" / m.test_file), "--impl", str(sub), "-m", "graded", "-x",
                                 "-q", "--tb=no", "--no-header", "-p", "no:cacheprovider"], plugins=[out])
             results[mid] = {"caught": bool(out.failed), "exit": int(code), "first_failure": out.failed[:1],
                             "message": out.message, "seconds": round(time.perf_counter() - t0, 1)}
