@@ -33,7 +33,12 @@
 //      longest first): the next tile's Q load and K/V fill overlap this tile's epilogue, as in
 //      SDPA's kernel; the epilogue through shared memory + a TMA store           [~5-10%]
 //   2. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
-//      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]
+//      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]. Tried
+//      (issue S_j with P_{j-1} V_{j-1}, softmax of tile j under the P V, first S and last P V
+//      peeled): at d = 128, BN = 128, S (64), O (64) and P (32 registers) are live at once, and
+//      ptxas, holding the kernel to 168 registers a thread (384 threads, 1 CTA per SM) rather
+//      than the consumers' setmaxnreg 240, spills 128-136 bytes and serialises every wgmma
+//      (C7512). It compiles cleanly at d = 64. A smaller S tile (BN = 64) would fit.
 //   3. BN = 176 / 3 consumer warpgroups at d = 64 (more work per K/V byte).
 //
 // Build and check without a GPU (what common.cuda_ext.compile_check runs):
