@@ -35,10 +35,11 @@
 //   2. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
 //      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]. Tried
 //      (issue S_j with P_{j-1} V_{j-1}, softmax of tile j under the P V, first S and last P V
-//      peeled): at d = 128, BN = 128, S (64), O (64) and P (32 registers) are live at once, and
-//      ptxas, holding the kernel to 168 registers a thread (384 threads, 1 CTA per SM) rather
-//      than the consumers' setmaxnreg 240, spills 128-136 bytes and serialises every wgmma
-//      (C7512). It compiles cleanly at d = 64. A smaller S tile (BN = 64) would fit.
+//      peeled): at d = 128, BN = 128 ptxas reports insufficient registers (C7512), spills
+//      120-136 bytes and serialises every wgmma; d = 64 compiles cleanly. S, O and P alone are
+//      160 registers a thread, live at once; the consumers' budget is 240 (setmaxnreg), with the
+//      wgmma descriptors and indices on top. A smaller S tile (BN = 64) would leave room.
+//      (Neither a warp-uniform warpgroup index nor an early return of the producer changed it.)
 //   3. BN = 176 / 3 consumer warpgroups at d = 64 (more work per K/V byte).
 //
 // Build and check without a GPU (what common.cuda_ext.compile_check runs):
