@@ -26,52 +26,33 @@ def _record(kind: str, name: str, seconds: float) -> None:
     _RECORDS.append((_TEST[0], kind, name, seconds, threading.current_thread().name))
 
 
+def _timed(owner, attr: str, kind: str, name_of, grew=None) -> None:
+    """Replace ``owner.attr`` by a wrapper that records its seconds as ``kind``, named by
+    ``name_of(args, kwargs)``; with ``grew(args)`` (checked before and after), only calls after
+    which it is larger (an autotuner whose cache gained a key)."""
+    inner = getattr(owner, attr)
+
+    def wrapper(*args, **kwargs):
+        n, t = grew(args) if grew else 0, time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            if not grew or grew(args) > n:
+                _record(kind, name_of(args, kwargs), time.perf_counter() - t)
+    setattr(owner, attr, wrapper)
+
+
 def _install() -> None:
     import torch.utils.cpp_extension as cpp
     import triton.compiler as compiler
     from triton.runtime.autotuner import Autotuner
 
-    compile_ = compiler.compile   # a kernel's first launch looks it up here (JITFunction.create_binder)
-
-    def compile(src, *args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return compile_(src, *args, **kwargs)
-        finally:
-            _record("compile", getattr(getattr(src, "fn", None), "__name__", "?"), time.perf_counter() - t)
-    compiler.compile = compile
-
-    run_ = Autotuner.run
-
-    def run(self, *args, **kwargs):
-        n, t = len(self.cache), time.perf_counter()
-        try:
-            return run_(self, *args, **kwargs)
-        finally:
-            if len(self.cache) > n:
-                _record("autotune", self.base_fn.__name__, time.perf_counter() - t)
-    Autotuner.run = run
-
-    load_ = cpp.load
-
-    def load(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return load_(*args, **kwargs)
-        finally:
-            _record("cuda_build", kwargs.get("name", "?"), time.perf_counter() - t)
-    cpp.load = load
-
     import common.timing as timing
-    precompile_ = timing.precompile
-
-    def precompile(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return precompile_(*args, **kwargs)
-        finally:
-            _record("precompile", getattr(args[0], "base_fn", args[0]).__name__, time.perf_counter() - t)
-    timing.precompile = precompile
+    # a kernel's first launch looks compile up in triton.compiler (JITFunction.create_binder)
+    _timed(compiler, "compile", "compile", lambda a, k: getattr(getattr(a[0], "fn", None), "__name__", "?"))
+    _timed(Autotuner, "run", "autotune", lambda a, k: a[0].base_fn.__name__, grew=lambda a: len(a[0].cache))
+    _timed(cpp, "load", "cuda_build", lambda a, k: k.get("name", "?"))
+    _timed(timing, "precompile", "precompile", lambda a, k: getattr(a[0], "base_fn", a[0]).__name__)
 
 
 _install()

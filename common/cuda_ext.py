@@ -18,8 +18,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
 
 #: Ops loaded in this process: (name, namespace, sources, flags) -> build name. A loaded
 #: extension cannot be replaced in a running process (its operators are registered), so
@@ -83,24 +85,44 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
     return build_name
 
 
+class CourseOp(NamedTuple):
+    """One CUDA extension the course builds: the module that builds it (for common.impl.load), how,
+    the test file that needs it (tests/autograder.py prebuilds it when that file is selected), and
+    whether it exists for sm_90 GPUs only."""
+    module: str
+    build: Callable[[ModuleType], object]
+    tests: str
+    hopper_only: bool = False
+
+
 #: The CUDA extensions the course builds, by name: stage 4's op (and its --use_fast_math twin),
-#: stage 6's matmul versions and stage 7c's Hopper attention forward. Each is (module, how to build it) for common.impl.load.
-COURSE_OPS = {"a04": ("a04_cuda_gelu.fused_gelu", lambda m: m.build()),
-              "a04_fast": ("a04_cuda_gelu.fused_gelu", lambda m: m.build(fast_math=True)),
-              "a06": ("a06_matmul.matmul_cuda", lambda m: m._op()),
-              "a07c": ("a07_flash_attention.flash_hopper", lambda m: m._op())}   # sm_90 GPUs only
+#: stage 6's matmul versions and stage 7c's Hopper attention forward.
+COURSE_OPS = {"a04": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(), "test_a04_cuda_gelu.py"),
+              "a04_fast": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(fast_math=True),
+                                   "test_a04_cuda_gelu.py"),
+              "a06": CourseOp("a06_matmul.matmul_cuda", lambda m: m._op(), "test_a06_matmul.py"),
+              "a07c": CourseOp("a07_flash_attention.flash_hopper", lambda m: m._op(), "test_a07c_flash_hopper.py",
+                               hopper_only=True)}
 
 
-def build_course_ops(impl: str | None = None, names: Sequence[str] = tuple(COURSE_OPS)) -> None:
-    """Build the CUDA extensions ``names`` (keys of COURSE_OPS) of ``impl`` (default: $COURSE_IMPL,
-    else assignments) one after the other, on a GPU machine."""
+def course_ops_here(test_files: Collection[str] | None = None) -> list[str]:
+    """The names of COURSE_OPS this GPU can run (sm_90 ones on sm_90 only), restricted to those that
+    ``test_files`` (file names in tests/) need when given."""
+    from common import is_hopper
+    return [n for n, op in COURSE_OPS.items()
+            if (not op.hopper_only or is_hopper()) and (test_files is None or op.tests in test_files)]
+
+
+def build_course_ops(impl: str | None = None, names: Sequence[str] | None = None) -> None:
+    """Build the CUDA extensions ``names`` (keys of COURSE_OPS; default: course_ops_here()) of
+    ``impl`` (default: $COURSE_IMPL, else assignments) one after the other, on a GPU machine."""
     import time
 
     from common.impl import load
-    for name in names:
+    for name in course_ops_here() if names is None else names:
         t0 = time.time()
-        module, build = COURSE_OPS[name]
-        build(load(module, impl))
+        op = COURSE_OPS[name]
+        op.build(load(op.module, impl))
         print(f"[build] {name} of {impl or 'the current impl'} ready in {time.time() - t0:.0f} s", flush=True)
 
 

@@ -60,6 +60,25 @@ def autotune_bench(kernel_call: Callable[[], object], quantiles) -> list[float]:
 COMPILE_THREADS = int(os.environ.get("COURSE_COMPILE_THREADS", min(16, os.cpu_count() or 1)))
 
 
+def _compile_in_threads(warmup: Callable[[], object]) -> None:
+    """Run ``warmup()`` (kernel warmups: compiles, no launches) with Triton's async compile mode, so
+    that its compiles run COMPILE_THREADS at a time, and wait for them. Errors are left to the
+    launches that follow (they fail again there, with their own message). No-op under the Triton
+    interpreter, with COMPILE_THREADS = 1 or a Triton without async compilation."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or COMPILE_THREADS <= 1:
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(COMPILE_THREADS) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            warmup()
+    except Exception:  # noqa: BLE001 - whatever fails here fails again, with its own message, in the launch
+        return
+
+
 def precompile(autotuner, grid, *args, **meta) -> None:
     """Compile every config ``autotuner`` (a ``triton.autotune``'d kernel) is about to time for
     this call, COMPILE_THREADS at a time, before it times them.
@@ -72,23 +91,13 @@ def precompile(autotuner, grid, *args, **meta) -> None:
     in this process returns at once; a compile error is left for the autotuner to raise, as
     without this call. No-op under the Triton interpreter.
     """
-    if os.environ.get("TRITON_INTERPRET", "0") == "1" or COMPILE_THREADS <= 1:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or COMPILE_THREADS <= 1:   # before the key: every call
         return
     named = {**dict(zip(autotuner.arg_names, args)), **meta}
     key = [named[k] for k in autotuner.keys if k in named]   # the key Autotuner.run builds (Triton 3.6)
     key += [str(v.dtype) for k, v in named.items() if k in autotuner.arg_names and hasattr(v, "dtype")]
-    if tuple(key) in autotuner.cache:
-        return
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:  # a Triton without async compilation: the autotuner compiles as usual
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    try:
-        with ThreadPoolExecutor(COMPILE_THREADS) as pool, AsyncCompileMode(pool, ignore_errors=True):
-            autotuner.warmup(*args, grid=grid, **meta)
-    except Exception:  # noqa: BLE001 - whatever fails here fails again, with its own message, in the launch
-        return
+    if tuple(key) not in autotuner.cache:
+        _compile_in_threads(lambda: autotuner.warmup(*args, grid=grid, **meta))
 
 
 def compile_together(launches) -> None:
@@ -98,19 +107,10 @@ def compile_together(launches) -> None:
     needs compiled (stage 7's backward: delta, dK/dV, dQ); call it once per new kind of call, not
     on every call (each warmup looks its kernel up: microseconds). Errors are left to the launches.
     No-op under the Triton interpreter."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1" or COMPILE_THREADS <= 1:
-        return
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    try:
-        with ThreadPoolExecutor(COMPILE_THREADS) as pool, AsyncCompileMode(pool, ignore_errors=True):
-            for fn, grid, args, kwargs in launches:
-                fn.warmup(*args, grid=grid, **kwargs)
-    except Exception:  # noqa: BLE001 - whatever fails here fails again, with its own message, in the launch
-        return
+    def warmup():
+        for fn, grid, args, kwargs in launches:
+            fn.warmup(*args, grid=grid, **kwargs)
+    _compile_in_threads(warmup)
 
 
 def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> Timing:

@@ -24,7 +24,7 @@ from pathlib import Path
 import common  # noqa: F401  (sets TRITON_INTERPRET before any kernel module imports triton)
 import pytest
 
-from common import HAS_CUDA, is_hopper
+from common import HAS_CUDA
 from common.cuda_ext import nvcc_path
 from common.impl import ENV_VAR, Impl
 
@@ -85,11 +85,9 @@ def pytest_collection_finish(session):
         return
     files = {Path(str(item.fspath)).name for item in session.items
              if not any(m.name == "skip" for m in item.iter_markers())}
-    names = [n for n, f in (("a04", "test_a04_cuda_gelu.py"), ("a04_fast", "test_a04_cuda_gelu.py"),
-                            ("a06", "test_a06_matmul.py"), ("a07c", "test_a07c_flash_hopper.py"))
-             if f in files and (n != "a07c" or is_hopper())]
+    from common.cuda_ext import cache_dir, course_ops_here, prebuild
+    names = course_ops_here(files)
     if names:
-        from common.cuda_ext import cache_dir, prebuild
         prebuild(names)
         session.config.get_terminal_writer().line(
             f"building CUDA extensions {', '.join(names)} in the background (logs: {cache_dir()}/prebuild-*.log)")
