@@ -1,4 +1,4 @@
-"""Stage 7c (draft, issue #12): the Hopper flash-attention forward in CUDA (TMA + wgmma,
+"""Stage 7c (advanced, optional): the Hopper flash-attention forward in CUDA (TMA + wgmma,
 warp-specialised producer/consumer warpgroups), a07_flash_attention/flash_hopper.py.
 
 GPU tests run on an sm_90 GPU only (H100/H200) and skip elsewhere with the reason. They check

@@ -1,4 +1,4 @@
-"""Stage 7c (draft, issue #12): the Hopper CUDA forward (flash_hopper.py) against SDPA's forward.
+"""Stage 7c (advanced, optional): the Hopper CUDA forward (flash_hopper.py) against SDPA's forward.
 
     python -m assignments.a07_flash_attention.bench_hopper                 # H100: d = 128, S = 2048..16384
     python -m assignments.a07_flash_attention.bench_hopper --dims 64 128 --out /tmp/x

@@ -1,4 +1,4 @@
-"""Stage 7c (draft, issue #12): the flash-attention forward for Hopper, in CUDA with TMA + wgmma
+"""Stage 7c (advanced, optional): the flash-attention forward for Hopper, in CUDA with TMA + wgmma
 and warp-specialised producer/consumer warpgroups (FlashAttention-3's design). Given code
 (identical in both trees): the kernel is flash_fwd_hopper.cu, the torch op binding.cpp.
 
