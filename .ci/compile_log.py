@@ -6,11 +6,14 @@ threads run side by side, so their seconds add up to more than the wall time the
 autotuning of a new key (wall seconds, compiles included) and every CUDA extension build
 (``torch.utils.cpp_extension.load``), against the test that was running. At the end it prints
 the tests that spent most and the totals, and writes them to ``$COMPILE_LOG_JSON`` if set.
+Under pytest-xdist (a GPU run over whole folders has workers) each worker leaves its records in a
+folder the controller made, and the controller's summary adds them up.
 """
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -65,10 +68,32 @@ def pytest_runtest_protocol(item, nextitem):
     _TEST[0] = "<between tests>"
 
 
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["COMPILE_LOG_WORKERS"] = tempfile.mkdtemp(prefix="compile-log-")   # the workers inherit it
+
+
+def pytest_sessionfinish(session):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get("COMPILE_LOG_WORKERS"):
+        with open(os.path.join(os.environ["COMPILE_LOG_WORKERS"], f"{worker}.json"), "w") as f:
+            json.dump([r[:4] + (f"{worker}/{r[4]}",) for r in _RECORDS], f)
+
+
+def _all_records() -> list:
+    records = list(_RECORDS)
+    folder = os.environ.get("COMPILE_LOG_WORKERS")
+    for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else ():
+        with open(os.path.join(folder, name)) as f:
+            records += [tuple(r) for r in json.load(f)]
+    return records
+
+
 def pytest_terminal_summary(terminalreporter):
     per = defaultdict(lambda: defaultdict(float))
     count = defaultdict(int)
-    for test, kind, name, s, thread in _RECORDS:
+    records = _all_records()
+    for test, kind, name, s, thread in records:
         if kind == "compile" and s < _CACHE_HIT_S:
             kind = "compile_cached"
         per[test][kind] += s
@@ -89,4 +114,4 @@ def pytest_terminal_summary(terminalreporter):
     path = os.environ.get("COMPILE_LOG_JSON")
     if path:
         with open(path, "w") as f:
-            json.dump({"records": _RECORDS, "total": total}, f)
+            json.dump({"records": records, "total": total}, f)

@@ -162,3 +162,47 @@ def test_fake_cuda_indexing_matches_torch():
             assert xf[c].shape == shape and xf[c].device == xf.device, c
         w = torch.empty(4, 8, device="cuda").uniform_(-1, 1)   # nn.Linear's init
         assert w.shape == (4, 8) and w.device.type == "cuda"
+
+
+# ----------------------------------------------------------------- worker processes (tests/autograder.py)
+class _Config:
+    """What auto_workers reads of a pytest config."""
+    def __init__(self, args, mutants=False, n=None, xdist=True):
+        from types import SimpleNamespace
+        self.args, self._mutants = [str(a) for a in args], mutants
+        self.option = SimpleNamespace(numprocesses=n, collectonly=False)
+        self.pluginmanager = SimpleNamespace(hasplugin=lambda name: xdist)
+
+    def getoption(self, name, default=None):
+        return {"--mutants": self._mutants, "usepdb": False}.get(name, default)
+
+
+def test_workers_only_for_a_first_run_over_whole_folders_on_a_gpu(monkeypatch, tmp_path):
+    """A GPU run over whole folders with an empty Triton cache gets workers; named files, --mutants,
+    -n, a filled cache and a CPU-only machine stay in one process; COURSE_WORKERS overrides."""
+    import tests.autograder as ag
+    tests_dir, one_file = REPO / "tests", REPO / "tests" / "test_course.py"
+    monkeypatch.delenv("COURSE_WORKERS", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))           # empty: a first run
+    monkeypatch.setattr(ag, "HAS_CUDA", True)
+    assert ag.auto_workers(_Config([tests_dir]))[0] == 4
+    assert ag.auto_workers(_Config([one_file]))[0] == 0
+    assert ag.auto_workers(_Config([tests_dir], mutants=True))[0] == 0
+    assert ag.auto_workers(_Config([tests_dir], n=0))[0] == 0
+    assert ag.auto_workers(_Config([tests_dir], xdist=False))[0] == 0
+    for i in range(ag.COLD_CACHE):
+        (tmp_path / f"k{i}").mkdir()
+    assert ag.auto_workers(_Config([tests_dir]))[0] == 0            # cache filled: one process
+    monkeypatch.setenv("COURSE_WORKERS", "3")
+    assert ag.auto_workers(_Config([one_file])) == (3, "COURSE_WORKERS=3")
+    monkeypatch.setenv("COURSE_WORKERS", "1")
+    assert ag.auto_workers(_Config([tests_dir]))[0] == 0
+    monkeypatch.setenv("COURSE_WORKERS", "four")
+    with pytest.raises(pytest.UsageError, match="COURSE_WORKERS='four'"):
+        ag.auto_workers(_Config([tests_dir]))
+    monkeypatch.delenv("COURSE_WORKERS")
+    monkeypatch.setattr(ag, "HAS_CUDA", False)
+    (tmp_path / "k0").rmdir()
+    assert ag.auto_workers(_Config([tests_dir]))[0] == 0            # no GPU: nothing to compile for
