@@ -68,7 +68,13 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
                            "(on a CPU-only machine use compile_check to check the sources)")
     sources = [Path(s) for s in sources]
     defines = [f"-DCOURSE_NS={namespace}"] + ([f"-DCOURSE_OP_NAME={op_name}"] if op_name else [])
-    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", *defines, *extra_cuda_cflags]
+    # Hidden symbols: torch loads extensions RTLD_GLOBAL, so two builds of one stage in a process (the
+    # solutions and a submission, or two mutants) would otherwise share C++ symbols such as
+    # launch_matmul or a template's instance, and the second would call the first's code. The op
+    # registration (TORCH_LIBRARY) needs no exported symbol.
+    hidden = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+    flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", *defines,
+             *(f"-Xcompiler={h}" for h in hidden), *extra_cuda_cflags]
     if fast_math:
         flags.append("--use_fast_math")
     build_name = f"{name}_{_digest(sources, flags)}"
@@ -79,7 +85,7 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
         print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
               file=sys.stderr, flush=True)
     load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags,
-         extra_cflags=["-O3", "-std=c++17", *defines], build_directory=str(build_dir),
+         extra_cflags=["-O3", "-std=c++17", *defines, *hidden], build_directory=str(build_dir),
          is_python_module=False, verbose=verbose)
     _LOADED[key] = build_name
     return build_name

@@ -193,12 +193,12 @@ CUDA_SHAPES = [
 ]
 
 
-def _cuda_case(mod, version, dtype, shape):
+def _cuda_case(mod, version, dtype, shape, **kw):
     m, n, k = shape
     a = randn(m, k, dtype=dtype, device="cuda")
     b = randn(k, n, dtype=dtype, device="cuda")
     out = _poisoned(m, n, dtype=dtype, device="cuda")
-    got = _kernel(lambda: mod.matmul(a, b, version, out=out), f"CUDA matmul v{version}")
+    got = _kernel(lambda: mod.matmul(a, b, version, out=out, **kw), f"CUDA matmul v{version}")
     torch.cuda.synchronize()
     assert got is out, "matmul(..., out=out) must write into out and return it"
     expected = R.matmul(a, b)
@@ -243,6 +243,20 @@ def test_cuda_v7_wgmma(impl, dtype, shape):
     _cuda_case(_cuda(impl), 7, dtype, shape)
 
 
+# Persistent blocks: many more tiles than SMs for every tile shape (64x64: 37 x 73 tiles), ragged
+# in M and N, and 3 K slices a tile, so the ring of stages wraps in the middle of tiles.
+V7_MANY_TILES = (2344, 4616, 136)
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("tile", [(128, 256), (128, 128), (64, 128), (64, 64)], ids=lambda t: "x".join(map(str, t)))
+def test_cuda_v7_every_tile_shape_many_tiles_per_block(impl, tile):
+    mod = _cuda(impl)
+    _cuda_case(mod, 7, torch.bfloat16, V7_MANY_TILES, tile=tile)
+    _cuda_case(mod, 7, torch.float16, (300, 264, 4104), tile=tile)   # long K, partial tiles
+
+
 @pytest.mark.gpu
 @hopper_only
 def test_cuda_v7_refuses_what_tma_cannot_describe(impl):
@@ -254,6 +268,11 @@ def test_cuda_v7_refuses_what_tma_cannot_describe(impl):
     flat = randn(64 * 32 + 1, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="16-byte aligned"):
         mod.matmul(flat[1:].view(64, 32), randn(32, 64, dtype=torch.bfloat16, device="cuda"), 7)
+    a = randn(64, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="tile"):
+        mod.matmul(a, a, 7, tile=(256, 128))
+    with pytest.raises(ValueError, match="tile"):
+        mod.matmul(a, a, 6, tile=(128, 256))
 
 
 @pytest.mark.gpu

@@ -1,8 +1,9 @@
 // Registers the torch operators of assignment 6 (given code: identical in assignments/
 // and solutions/). The kernels and their launcher live in matmul_kernels.cu.
 //
-//   matmul_out(Tensor a, Tensor b, int version, Tensor(a!) out, int stream) -> Tensor(a!)
+//   matmul_out(Tensor a, Tensor b, int version, Tensor(a!) out, int stream, int tile=-1) -> Tensor(a!)
 //
+// `tile` picks version 7's tile shape (-1: the kernel's own choice; 0..3, matmul_v7_wgmma.cu).
 // `stream` is the cudaStream_t to launch on, as an integer: the Python wrapper passes
 // torch.cuda.current_stream(device).cuda_stream. Taking it from Python keeps this file
 // free of torch's CUDA headers, so it compiles (as a check) against a CPU-only torch.
@@ -16,7 +17,7 @@
 #include <torch/library.h>
 
 cudaError_t launch_matmul(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
-                          int version, cudaStream_t stream);
+                          int version, int v7_tile, cudaStream_t stream);
 
 namespace {
 
@@ -30,8 +31,12 @@ int dtype_code(const at::Tensor& t) {
     return -1;
 }
 
-at::Tensor& matmul_out(const at::Tensor& a, const at::Tensor& b, int64_t version, at::Tensor& out, int64_t stream) {
+at::Tensor& matmul_out(const at::Tensor& a, const at::Tensor& b, int64_t version, at::Tensor& out, int64_t stream,
+                       int64_t tile) {
     TORCH_CHECK(version >= 1 && version <= 7, "a06 matmul: version must be 1..7, got ", version);
+    TORCH_CHECK(tile == -1 || (version == 7 && tile >= 0 && tile <= 3),
+                "a06 matmul: tile picks one of version 7's four tile shapes (0..3, or -1), got ", tile,
+                " with version ", version);
     TORCH_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "a06 matmul: a, b and out must be CUDA tensors");
     TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "a06 matmul: expected 2-D a [M, K] and b [K, N], got ",
                 a.sizes(), " and ", b.sizes());
@@ -50,7 +55,7 @@ at::Tensor& matmul_out(const at::Tensor& a, const at::Tensor& b, int64_t version
                 version, " with ", a.scalar_type());
     const c10::DeviceGuard guard(a.device());
     cudaError_t err = launch_matmul(a.data_ptr(), b.data_ptr(), out.data_ptr(), (int)M, (int)N, (int)K, code,
-                                    (int)version, reinterpret_cast<cudaStream_t>(stream));
+                                    (int)version, (int)tile, reinterpret_cast<cudaStream_t>(stream));
     TORCH_CHECK(err == cudaSuccess, "a06 matmul v", version, " launch failed: ", cudaGetErrorString(err));
     return out;
 }
@@ -59,6 +64,6 @@ at::Tensor& matmul_out(const at::Tensor& a, const at::Tensor& b, int64_t version
 
 #define COURSE_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 COURSE_LIBRARY(COURSE_NS, m) {
-    m.def("matmul_out(Tensor a, Tensor b, int version, Tensor(a!) out, int stream) -> Tensor(a!)");
+    m.def("matmul_out(Tensor a, Tensor b, int version, Tensor(a!) out, int stream, int tile=-1) -> Tensor(a!)");
     m.impl("matmul_out", c10::DispatchKey::CUDA, TORCH_FN(matmul_out));
 }

@@ -6,8 +6,9 @@
 Versions (kernels in matmul_kernels.cu):
     1 naive  2 coalesced  3 shared-memory tiles  4 register blocking     (float32)
     5 tensor cores 128x128 tile  6 tensor cores 128x256 tile       (float16 / bfloat16)
-    7 Hopper: TMA + wgmma + warp specialisation (matmul_v7_wgmma.cu; float16 / bfloat16,
-      an sm_90 GPU, K and N multiples of 8)
+    7 Hopper: TMA + wgmma + warp specialisation, persistent blocks (matmul_v7_wgmma.cu;
+      float16 / bfloat16, an sm_90 GPU, K and N multiples of 8); the kernel picks its tile
+      shape per problem, ``tile=`` (one of V7_TILES) forces one
 
 The extension is built on the first call (about a minute), never at import, and cached
 (common.cuda_ext.load_op). Each impl registers its op in its own namespace, so
@@ -29,6 +30,7 @@ SOURCES = [HERE / "matmul_kernels.cu", HERE / "matmul_v7_wgmma.cu", HERE / "bind
 NAMESPACE = op_namespace(__name__)
 VERSIONS = {1: "naive", 2: "coalesced", 3: "smem tiling", 4: "register blocking",
             5: "tensor cores 128x128", 6: "tensor cores 128x256", 7: "wgmma + TMA (Hopper)"}
+V7_TILES = ((128, 256), (128, 128), (64, 128), (64, 64))   # version 7's tile shapes (BM, BN), in its order
 FP32_VERSIONS = (1, 2, 3, 4)
 TENSOR_CORE_VERSIONS = (5, 6, 7)
 
@@ -41,17 +43,22 @@ def _op():
     return getattr(torch.ops, NAMESPACE).matmul_out
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor | None = None,
+           tile: tuple[int, int] | None = None) -> torch.Tensor:
     """C = A @ B with CUDA kernel ``version`` (1-7).
 
     a: [M, K], b: [K, N], both contiguous (row-major) CUDA tensors of one dtype:
     float32 for versions 1-4, float16 or bfloat16 for versions 5-7 (fp32 accumulation).
     Any M, N, K >= 0 for versions 1-6; version 7 needs an sm_90 GPU and K, N multiples of 8
     (TMA's 16-byte row strides). ``out`` (optional, contiguous [M, N], same dtype) is written
-    and returned. Raises ValueError/TypeError for a bad version, device, dtype, shape or layout.
+    and returned. ``tile`` (version 7 only): one of ``V7_TILES`` instead of the kernel's own pick.
+    Raises ValueError/TypeError for a bad version, tile, device, dtype, shape or layout.
     """
     if version not in VERSIONS:
         raise ValueError(f"version: expected one of {sorted(VERSIONS)}, got {version!r}")
+    if tile is not None and (version != 7 or tuple(tile) not in V7_TILES):
+        raise ValueError(f"tile: version 7 takes one of {V7_TILES} (or None: its own pick), "
+                         f"got {tile!r} with version {version}")
     dtypes = (torch.float32,) if version in FP32_VERSIONS else (torch.float16, torch.bfloat16)
     check_tensor(a, "a", device="cuda", dtypes=dtypes, ndim=2, contiguous=True)
     check_tensor(b, "b", device="cuda", dtypes=dtypes, ndim=2, contiguous=True)
@@ -80,4 +87,5 @@ def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor 
             if t.data_ptr() % 16:
                 raise ValueError(f"version 7 (TMA) needs 16-byte aligned tensors; {name} starts at an offset "
                                  f"of {t.data_ptr() % 16} bytes (a view into another tensor?): pass a copy")
-    return _op()(a, b, version, out, torch.cuda.current_stream(a.device).cuda_stream)
+    return _op()(a, b, version, out, torch.cuda.current_stream(a.device).cuda_stream,
+                 -1 if tile is None else V7_TILES.index(tuple(tile)))

@@ -248,13 +248,14 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 }  // namespace a06
 
 // Version 7 (Hopper: TMA + wgmma + warp specialisation) lives in matmul_v7_wgmma.cu.
-cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
+cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N, int K, int dtype, int tile,
                              cudaStream_t stream);
 
 // dtype: 0 = float32, 1 = float16, 2 = bfloat16. Versions 1-4 take float32, 5-7 take
-// float16/bfloat16. Returns cudaErrorInvalidValue for a bad (version, dtype) pair.
+// float16/bfloat16. v7_tile: version 7's tile shape (-1: its own pick; see matmul_v7_wgmma.cu).
+// Returns cudaErrorInvalidValue for a bad (version, dtype) pair.
 cudaError_t launch_matmul(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
-                          int version, cudaStream_t stream) {
+                          int version, int v7_tile, cudaStream_t stream) {
     using namespace a06;
     if (M == 0 || N == 0) return cudaSuccess;
     const bool ptrs16 = aligned16(a) && aligned16(b) && aligned16(c);
@@ -292,7 +293,7 @@ cudaError_t launch_matmul(const void* a, const void* b, void* c, int M, int N, i
         }
         return cudaGetLastError();
     }
-    if (version == 7) return launch_matmul_v7(a, b, c, M, N, K, dtype, stream);  // matmul_v7_wgmma.cu
+    if (version == 7) return launch_matmul_v7(a, b, c, M, N, K, dtype, v7_tile, stream);  // matmul_v7_wgmma.cu
     if (version == 5 || version == 6) {
         const bool aligned = ptrs16 && N % 8 == 0 && K % 8 == 0;
         if (dtype == 1) return launch_tensor_core<__half>(a, b, c, M, N, K, version, aligned, stream);

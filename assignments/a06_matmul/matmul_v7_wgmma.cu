@@ -8,23 +8,31 @@
 //     whole [rows x 64] tile; the copy engine computes the addresses, zero-fills what lies
 //     outside the matrix, writes the tile already 128-byte swizzled, and counts the bytes
 //     in on an mbarrier (a shared-memory barrier with a transaction count).
-//   * wgmma (`wgmma.mma_async`): a warpgroup (4 warps, 128 threads) multiplies a 64x256x16
-//     block straight out of shared memory (no ldmatrix), asynchronously; the 64x256 fp32
-//     accumulator lives in the warpgroup's registers (128 per thread).
+//   * wgmma (`wgmma.mma_async`): a warpgroup (4 warps, 128 threads) multiplies a 64xBNx16
+//     block straight out of shared memory (no ldmatrix), asynchronously; the 64xBN fp32
+//     accumulator lives in the warpgroup's registers (BN/2 per thread).
 //   * warp specialisation: warpgroup 0 is the producer (one thread issues TMA copies
-//     STAGES slices ahead), warpgroups 1 and 2 are consumers (64 rows of the 128x256 tile
+//     STAGES slices ahead), the other warpgroups are consumers (64 rows of the BM x BN tile
 //     each). They talk only through two mbarriers per stage: `full` (the slice has landed)
-//     and `empty` (both consumers are done with it). No __syncthreads in the main loop.
+//     and `empty` (every consumer is done with it). No __syncthreads in the main loop.
 //     `setmaxnreg` moves registers from the producer (40) to the consumers (232).
-// Expect: about twice v6 (H100, bf16, 4096^3: 635 TFLOP/s, 89% of cuBLAS; v6 is 321).
-// cuBLAS adds clusters with TMA multicast, a persistent tile scheduler and an epilogue
-// that overlaps the next tile's loads.
+//   * persistent blocks: one block per SM (never more than there are tiles) walks the tiles
+//     blockIdx.x, blockIdx.x + gridDim.x, ... Its producer runs on into the next tile while
+//     the consumers store this one, so a tile's first slices are already in shared memory
+//     when its math starts; launching a block per tile pays that latency every time.
+//   * the tile shape is picked per problem (pick_tile, host side): 128x256 where there are
+//     enough tiles to fill the SMs, smaller tiles (128x128, 64x128, 64x64) where a GEMM has
+//     too few rows or columns for that (GPT-2 at 512 tokens: 12 tiles of 128x256 for 132 SMs).
+// Expect (H100, bf16): 4096^3 about 89% of cuBLAS; lectures/results/a06_matmul_real_shapes.md has
+// the GPT-2 shapes. cuBLAS adds clusters with TMA multicast, an epilogue through shared memory
+// and TMA stores, and two consumer warpgroups that take turns on separate tiles.
 //
 // Limits (TMA's): row strides must be multiples of 16 bytes, so K % 8 == 0 and N % 8 == 0,
 // and the pointers 16-byte aligned; M is free. The Python wrapper says so for other shapes
 // (use v6). Needs an sm_90 GPU and the sm_90a build target (matmul_cuda.py passes it).
 //
-//     c = matmul(a, b, version=7)          # from assignments.a06_matmul.matmul_cuda
+//     c = matmul(a, b, version=7)                 # from assignments.a06_matmul.matmul_cuda
+//     c = matmul(a, b, version=7, tile=(64, 128))  # one tile shape instead of pick_tile's
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -40,17 +48,30 @@
 
 namespace a06v7 {
 
-constexpr int BM = 128, BN = 256, BK = 64;    // block tile; BK * 2 bytes = one 128-byte row
-constexpr int STAGES = 4;                     // 4 x 48 KB of shared memory
-constexpr int CONSUMERS = 2;                  // math warpgroups, 64 rows of the tile each
-constexpr int THREADS = 128 * (1 + CONSUMERS);
-constexpr int GROUP_M = 8;                    // grouped tile order, as in v5
-constexpr int PANEL = 64;                     // columns of B per TMA box (128 bytes)
-constexpr int A_BYTES = BM * BK * 2;          // 16 KB: [128 rows][64 k], K-major
-constexpr int B_PANEL_BYTES = BK * PANEL * 2; // 8 KB: [64 k][64 n], N-major
-constexpr int B_BYTES = BK * BN * 2;          // 32 KB: 4 panels side by side
-constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + slack to align to 1024 bytes
+constexpr int BK = 64;       // K slice: BK * 2 bytes = one 128-byte row, the swizzle's width
+constexpr int PANEL = 64;    // columns of B per TMA box (128 bytes)
+constexpr int GROUP_M = 8;   // grouped tile order, as in v5
+
+// A tile shape: a BM x BN block of C, STAGES K slices in flight. One consumer warpgroup per
+// 64 rows; the shared memory of a stage is A's [BM][64] box and B's BN/64 [64][64] panels.
+template <int BM_, int BN_, int STAGES_>
+struct Tile {
+    static constexpr int BM = BM_, BN = BN_, STAGES = STAGES_;
+    static constexpr int CONSUMERS = BM / 64;             // math warpgroups, 64 rows of the tile each
+    static constexpr int THREADS = 128 * (1 + CONSUMERS); // + the producer warpgroup
+    static constexpr int ACC = BN / 2;                    // fp32 accumulators per consumer thread
+    static constexpr int A_BYTES = BM * BK * 2;           // [BM rows][64 k], K-major
+    static constexpr int B_PANEL_BYTES = BK * PANEL * 2;  // 8 KB: [64 k][64 n], N-major
+    static constexpr int B_BYTES = BK * BN * 2;           // BN/64 panels side by side
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + slack to align to 1024 bytes
+    static_assert(BM % 64 == 0 && BN % PANEL == 0 && SMEM_BYTES <= 227 * 1024, "tile does not fit");
+};
+// The shapes pick_tile chooses from (all 192 KB of shared memory but the last).
+using Tile128x256 = Tile<128, 256, 4>;   // 48 KB a stage
+using Tile128x128 = Tile<128, 128, 6>;   // 32 KB
+using Tile64x128 = Tile<64, 128, 8>;     // 24 KB
+using Tile64x64 = Tile<64, 64, 8>;       // 16 KB
 
 // ------------------------------------------------------------------ PTX wrappers (given)
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -66,16 +87,37 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
 // Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
 // barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
+// Watchdog: a wait that never ends (a wrong parity, a byte count TMA never delivers) traps
+// after A06_HANG_NS nanoseconds of the GPU's clock (default 10 s) instead of hanging the GPU:
+// the launch then fails with "unspecified launch failure". -DA06_HANG_NS=0 leaves it out.
+#ifndef A06_HANG_NS
+#define A06_HANG_NS 10000000000ull
+#endif
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (mbar_try_wait(bar, parity)) return;
+#if A06_HANG_NS
+    const uint64_t t0 = globaltimer_ns();
+#endif
+    while (!mbar_try_wait(bar, parity)) {
+#if A06_HANG_NS
+        if (globaltimer_ns() - t0 > (uint64_t)(A06_HANG_NS)) __trap();
+#endif
     }
 }
 // TMA: copy the box at (x = innermost coordinate, y = row) of `map` into shared memory at
@@ -101,55 +143,97 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 template <int R>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 
+// One m64n64k16 wgmma (16-bit inputs of type TY, fp32 accumulate): d += A(desc_a) * B(desc_b),
+// 32 accumulators per thread. A is K-major (row-major [M, K] tile); B is MN-major
+// (row-major [K, N] tile): the immediates are scale-d, scale-a, scale-b, tnsp-a = 0, tnsp-b = 1.
+#define A06_WGMMA_M64N64K16(TY) \
+    asm volatile( \
+        "{\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
+        "{" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+        "}, %32, %33, 1, 1, 1, 0, 1;\n" \
+        "}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+        : "l"(desc_a), "l"(desc_b))
+
+// One m64n128k16 wgmma (16-bit inputs of type TY, fp32 accumulate): d += A(desc_a) * B(desc_b),
+// 64 accumulators per thread. A is K-major (row-major [M, K] tile); B is MN-major
+// (row-major [K, N] tile): the immediates are scale-d, scale-a, scale-b, tnsp-a = 0, tnsp-b = 1.
+#define A06_WGMMA_M64N128K16(TY) \
+    asm volatile( \
+        "{\n" \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
+        "{" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+        "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+        "%59, %60, %61, %62, %63" \
+        "}, %64, %65, 1, 1, 1, 0, 1;\n" \
+        "}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+        : "l"(desc_a), "l"(desc_b))
+
 // One m64n256k16 wgmma (16-bit inputs of type TY, fp32 accumulate): d += A(desc_a) * B(desc_b),
 // 128 accumulators per thread. A is K-major (row-major [M, K] tile); B is MN-major
 // (row-major [K, N] tile): the immediates are scale-d, scale-a, scale-b, tnsp-a = 0, tnsp-b = 1.
 #define A06_WGMMA_M64N256K16(TY) \
-    asm volatile(                                                                                                         \
-        "{\n"                                                                                                             \
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "                                                      \
-        "{"                                                                                                               \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                           \
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                                 \
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                                 \
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"                                 \
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"                                 \
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"                                 \
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"                     \
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"                  \
-        "}, %128, %129, 1, 1, 1, 0, 1;\n"                                                                                 \
-        "}\n"                                                                                                             \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                 \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),           \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),         \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),         \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),         \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),         \
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),         \
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),         \
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),         \
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),         \
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),     \
+    asm volatile( \
+        "{\n" \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " " \
+        "{" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+        "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+        "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
+        "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
+        "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
+        "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+        "}, %128, %129, 1, 1, 1, 0, 1;\n" \
+        "}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])  \
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
         : "l"(desc_a), "l"(desc_b))
-__device__ __forceinline__ void wgmma_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-    A06_WGMMA_M64N256K16("bf16");
-}
-__device__ __forceinline__ void wgmma_f16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-    A06_WGMMA_M64N256K16("f16");
-}
 
-template <typename T> struct Wgmma;
-template <> struct Wgmma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wgmma_bf16(d, a, b); }
-};
-template <> struct Wgmma<__half> {
-    static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wgmma_f16(d, a, b); }
-};
+// Wgmma<T, BN>::run(d, desc_a, desc_b): one m64nBNk16 step into d[BN / 2].
+template <typename T, int BN> struct Wgmma;
+#define A06_WGMMA_TYPE(T, TY, N)                                                                      \
+    template <> struct Wgmma<T, N> {                                                                  \
+        static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) { \
+            A06_WGMMA_M64N##N##K16(TY);                                                               \
+        }                                                                                             \
+    };
+A06_WGMMA_TYPE(__nv_bfloat16, "bf16", 64)
+A06_WGMMA_TYPE(__nv_bfloat16, "bf16", 128)
+A06_WGMMA_TYPE(__nv_bfloat16, "bf16", 256)
+A06_WGMMA_TYPE(__half, "f16", 64)
+A06_WGMMA_TYPE(__half, "f16", 128)
+A06_WGMMA_TYPE(__half, "f16", 256)
 #endif  // A06_HAS_WGMMA
 
 __device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
@@ -159,52 +243,64 @@ __device__ __forceinline__ void store2(__half* p, float x, float y) {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
 }
 
+// Tile number -> its top-left corner, in grouped order: GROUP_M tile-rows are swept column
+// by column (as in v5), so the tiles the SMs work on at once share rows of A and columns of B.
+template <class C>
+__device__ __forceinline__ void tile_origin(int tile, int grid_m, int grid_n, int& m0, int& n0) {
+    const int per_group = GROUP_M * grid_n;
+    const int first_m = (tile / per_group) * GROUP_M;
+    const int group_m = min(grid_m - first_m, GROUP_M);
+    m0 = (first_m + (tile % per_group) % group_m) * C::BM;
+    n0 = ((tile % per_group) / group_m) * C::BN;
+}
+
 // ------------------------------------------------------------------------------ kernel
-template <typename T>
-__global__ void __launch_bounds__(THREADS, 1)
+// Grid: min(tiles, SMs) persistent blocks of C::THREADS threads (1 + C::CONSUMERS warpgroups).
+template <typename T, class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
 matmul_v7_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                T* __restrict__ C, int M, int N, int K) {
+                T* __restrict__ Cout, int M, int N, int K) {
 #if A06_HAS_WGMMA
     extern __shared__ unsigned char smem_raw[];
-    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES];
     // 128-byte swizzled tiles must start on a 1024-byte boundary.
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    auto a_tile = [&](int s) { return base + s * STAGE_BYTES; };
-    auto b_tile = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
+    auto a_tile = [&](int s) { return base + s * C::STAGE_BYTES; };
+    auto b_tile = [&](int s) { return base + s * C::STAGE_BYTES + C::A_BYTES; };
 
-    // Grouped tile order (as v5): GROUP_M tile-rows are swept column by column.
-    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
-    const int per_group = GROUP_M * grid_n;
-    const int first_m = (blockIdx.x / per_group) * GROUP_M;
-    const int group_m = min(grid_m - first_m, GROUP_M);
-    const int m0 = (first_m + (blockIdx.x % per_group) % group_m) * BM;
-    const int n0 = ((blockIdx.x % per_group) / group_m) * BN;
-
+    const int grid_m = (M + C::BM - 1) / C::BM, grid_n = (N + C::BN - 1) / C::BN;
+    const int tiles = grid_m * grid_n;
+    const int KT = (K + BK - 1) / BK;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(smem_u32(&full[s]), 1);                    // the producer's arrive + bytes
-            mbar_init(smem_u32(&empty[s]), CONSUMERS * 128);     // every consumer thread
+        for (int s = 0; s < C::STAGES; ++s) {
+            mbar_init(smem_u32(&full[s]), 1);                       // the producer's arrive + bytes
+            mbar_init(smem_u32(&empty[s]), C::CONSUMERS * 128);     // every consumer thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const int KT = (K + BK - 1) / BK;
 
-    // TODO(a06 v7): the producer and consumer loops and the epilogue. Outline:
-    //  * producer (wg == 0): setmaxnreg_dec<40>(); then thread t == 0 alone, for each K
-    //    slice kt: slot s = kt % STAGES, phase = (kt / STAGES) & 1; wait empty[s] for parity
-    //    phase ^ 1 (the first round passes at once); mbar_arrive_expect_tx(full[s],
-    //    STAGE_BYTES); one TMA box of A at (x = kt*BK, y = m0) into a_tile(s) and BN/PANEL
-    //    boxes of B at (x = n0 + p*PANEL, y = kt*BK) into b_tile(s) + p*B_PANEL_BYTES.
-    //  * consumers (wg 1, 2): setmaxnreg_inc<232>(); c = wg - 1 owns rows [64c, 64c+64);
-    //    float acc[128] = 0. For each kt: wait full[s] for parity phase; wgmma_fence();
+    // TODO(a06 v7): the producer and consumer loops and the epilogue. Every warpgroup walks the
+    //   same tiles: for (tile = blockIdx.x; tile < tiles; tile += gridDim.x), corner from
+    //   tile_origin<C>(tile, grid_m, grid_n, m0, n0). Count the K slices across tiles (it = 0, 1,
+    //   2, ... never reset): slice `it` uses slot s = it % C::STAGES, and its barrier phase
+    //   is (it / C::STAGES) & 1, so the ring runs on from one tile into the next.
+    //  * producer (wg == 0): setmaxnreg_dec<40>(); then thread t == 0 alone, for each tile and
+    //    each K slice kt: wait empty[s] for parity phase ^ 1 (the first round passes at once);
+    //    mbar_arrive_expect_tx(full[s], C::STAGE_BYTES); one TMA box of A at (x = kt*BK, y = m0)
+    //    into a_tile(s) and C::BN/PANEL boxes of B at (x = n0 + p*PANEL, y = kt*BK) into
+    //    b_tile(s) + p*C::B_PANEL_BYTES.
+    //  * consumers (wg >= 1): setmaxnreg_inc<232>(); c = wg - 1 owns rows [64c, 64c+64). Per
+    //    tile: float acc[C::ACC] = 0. For each kt: wait full[s] for parity phase; wgmma_fence();
     //    for k in 0..BK/16-1: A descriptor smem_desc(a_tile(s) + c*64*BK*2 + k*32, 16, 1024),
-    //    B descriptor smem_desc(b_tile(s) + k*16*PANEL*2, B_PANEL_BYTES, 1024),
-    //    Wgmma<T>::run(acc, da, db); then wgmma_commit(); wgmma_wait<0>(); and every
-    //    consumer thread arrives on empty[s] (its count is CONSUMERS * 128).
-    //  * epilogue: thread t (warp w = t/32, lane l = t%32) holds acc[i] at row
-    //    16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2 of its 64x256 block;
+    //    B descriptor smem_desc(b_tile(s) + k*16*PANEL*2, C::B_PANEL_BYTES, 1024),
+    //    Wgmma<T, C::BN>::run(acc, da, db); then wgmma_commit(); wgmma_wait<1>() (this slice's
+    //    products may still run: the previous slice's are done), and every consumer thread
+    //    arrives on the previous slice's empty barrier. After the last slice: wgmma_wait<0>(),
+    //    arrive on the last slot's empty barrier (its count is C::CONSUMERS * 128).
+    //  * epilogue (per tile): thread t (warp w = t/32, lane l = t%32) holds acc[i] at row
+    //    16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2 of its 64xBN block;
     //    store pairs with store2() where row < M and column < N (N % 8 == 0 here).
 #else
     __trap();  // built without sm_90a: launch_wgmma refuses before we get here
@@ -243,27 +339,68 @@ inline bool make_map(CUtensorMap* map, const void* ptr, CUtensorMapDataType dt, 
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T>
+inline int sm_count() {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    }
+    return sms;
+}
+
+// The tile shape for an M x N output on `sms` SMs: the one whose busiest SM finishes first.
+// Each of min(tiles, sms) blocks runs ceil(tiles / sms) tiles one after another, and a tile
+// costs its area over a relative speed (a larger tile reuses each byte it loads more, and feeds
+// the tensor cores longer wgmma's). Returns 0: 128x256, 1: 128x128, 2: 64x128, 3: 64x64.
+inline int pick_tile(int M, int N, int sms) {
+    static const int bm[4] = {128, 128, 64, 64}, bn[4] = {256, 128, 128, 64};
+    static const double speed[4] = {1.0, 0.9, 0.75, 0.55};
+    int best = 0;
+    double best_cost = 0;
+    for (int i = 0; i < 4; ++i) {
+        const long tiles = (long)((M + bm[i] - 1) / bm[i]) * ((N + bn[i] - 1) / bn[i]);
+        const double cost = (double)((tiles + sms - 1) / sms) * bm[i] * bn[i] / speed[i];
+        if (i == 0 || cost < best_cost) best = i, best_cost = cost;
+    }
+    return best;
+}
+
+template <typename T, class C>
 cudaError_t launch(const T* a, const T* b, T* c, int M, int N, int K, CUtensorMapDataType dt, cudaStream_t stream) {
     CUtensorMap map_a, map_b;
-    if (!make_map(&map_a, a, dt, M, K, BM) || !make_map(&map_b, b, dt, K, N, BK)) return cudaErrorInvalidValue;
-    auto kernel = matmul_v7_wgmma<T>;
+    if (!make_map(&map_a, a, dt, M, K, C::BM) || !make_map(&map_b, b, dt, K, N, BK)) return cudaErrorInvalidValue;
+    auto kernel = matmul_v7_wgmma<T, C>;
     static bool configured = false;
     if (!configured) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
         if (e != cudaSuccess) return e;
         configured = true;
     }
-    const int blocks = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
-    kernel<<<blocks, THREADS, SMEM_BYTES, stream>>>(map_a, map_b, c, M, N, K);
+    const int tiles = ((M + C::BM - 1) / C::BM) * ((N + C::BN - 1) / C::BN);
+    const int blocks = tiles < sm_count() ? tiles : sm_count();
+    kernel<<<blocks, C::THREADS, C::SMEM_BYTES, stream>>>(map_a, map_b, c, M, N, K);
     return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_tile(int tile, const T* a, const T* b, T* c, int M, int N, int K, CUtensorMapDataType dt,
+                        cudaStream_t stream) {
+    switch (tile) {
+        case 0: return launch<T, Tile128x256>(a, b, c, M, N, K, dt, stream);
+        case 1: return launch<T, Tile128x128>(a, b, c, M, N, K, dt, stream);
+        case 2: return launch<T, Tile64x128>(a, b, c, M, N, K, dt, stream);
+        case 3: return launch<T, Tile64x64>(a, b, c, M, N, K, dt, stream);
+    }
+    return cudaErrorInvalidValue;
 }
 
 }  // namespace a06v7
 
-// dtype: 1 = float16, 2 = bfloat16. Returns cudaErrorNotSupported off Hopper (or when
-// built without sm_90a) and cudaErrorInvalidValue for shapes TMA cannot describe.
-cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N, int K, int dtype,
+// dtype: 1 = float16, 2 = bfloat16. tile: -1 = pick_tile's choice, 0..3 one of the tile shapes
+// (128x256, 128x128, 64x128, 64x64). Returns cudaErrorNotSupported off Hopper (or when built
+// without sm_90a) and cudaErrorInvalidValue for shapes TMA cannot describe or an unknown tile.
+cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N, int K, int dtype, int tile,
                              cudaStream_t stream) {
     using namespace a06v7;
     if (M == 0 || N == 0) return cudaSuccess;
@@ -275,14 +412,15 @@ cudaError_t launch_matmul_v7(const void* a, const void* b, void* c, int M, int N
 #ifndef A06_SM90A
     return cudaErrorNotSupported;  // the kernel was compiled without the sm_90a target
 #endif
-    if (K % 8 != 0 || N % 8 != 0 || K == 0 || ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
-                                                reinterpret_cast<uintptr_t>(c)) & 15))
+    if (K % 8 != 0 || N % 8 != 0 || K == 0 || tile < -1 || tile > 3 ||
+        ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c)) & 15))
         return cudaErrorInvalidValue;
+    if (tile < 0) tile = pick_tile(M, N, sm_count());
     if (dtype == 1)
-        return launch(static_cast<const __half*>(a), static_cast<const __half*>(b), static_cast<__half*>(c), M, N, K,
-                      CU_TENSOR_MAP_DATA_TYPE_FLOAT16, stream);
+        return launch_tile(tile, static_cast<const __half*>(a), static_cast<const __half*>(b), static_cast<__half*>(c),
+                           M, N, K, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, stream);
     if (dtype == 2)
-        return launch(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
-                      static_cast<__nv_bfloat16*>(c), M, N, K, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, stream);
+        return launch_tile(tile, static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
+                           static_cast<__nv_bfloat16*>(c), M, N, K, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, stream);
     return cudaErrorInvalidValue;
 }
