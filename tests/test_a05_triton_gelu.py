@@ -55,6 +55,10 @@ def test_same_shape_new_values(mod, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_matches_reference(mod, dtype, shape):
     x = randn(*shape, dtype=dtype, scale=3.0)
+    # Measured against |x| too, an output that is ~0 passes wherever x is far below 0 (GELU ~ 0 there).
+    # On a CPU an output never written holds whatever malloc left, often 0 or ~1e-38 for a few bytes,
+    # so a one-element x below -3 (1 draw in 6) let the untouched stub pass: one element in (0.5, 2).
+    x.view(-1)[0] = torch.empty((), dtype=torch.float32).uniform_(0.5, 2.0).item()
     assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype, scale=x.abs())
 
 
