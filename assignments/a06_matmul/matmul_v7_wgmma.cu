@@ -65,6 +65,7 @@ struct Tile {
     static constexpr int B_BYTES = BK * BN * 2;           // BN/64 panels side by side
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + slack to align to 1024 bytes
+    static long tiles(int M, int N) { return (long)((M + BM - 1) / BM) * ((N + BN - 1) / BN); }  // host side
     static_assert(BM % 64 == 0 && BN % PANEL == 0 && SMEM_BYTES <= 227 * 1024, "tile does not fit");
 };
 // The shapes pick_tile chooses from (all 192 KB of shared memory but the last).
@@ -353,16 +354,16 @@ inline int sm_count() {
 // Each of min(tiles, sms) blocks runs ceil(tiles / sms) tiles one after another, and a tile
 // costs its area over a relative speed (a larger tile reuses each byte it loads more, and feeds
 // the tensor cores longer wgmma's). Returns 0: 128x256, 1: 128x128, 2: 64x128, 3: 64x64.
+template <class C>
+inline double tile_cost(int M, int N, int sms, double speed) {
+    return (double)((C::tiles(M, N) + sms - 1) / sms) * C::BM * C::BN / speed;
+}
 inline int pick_tile(int M, int N, int sms) {
-    static const int bm[4] = {128, 128, 64, 64}, bn[4] = {256, 128, 128, 64};
-    static const double speed[4] = {1.0, 0.9, 0.75, 0.55};
+    const double cost[4] = {tile_cost<Tile128x256>(M, N, sms, 1.0), tile_cost<Tile128x128>(M, N, sms, 0.9),
+                            tile_cost<Tile64x128>(M, N, sms, 0.75), tile_cost<Tile64x64>(M, N, sms, 0.55)};
     int best = 0;
-    double best_cost = 0;
-    for (int i = 0; i < 4; ++i) {
-        const long tiles = (long)((M + bm[i] - 1) / bm[i]) * ((N + bn[i] - 1) / bn[i]);
-        const double cost = (double)((tiles + sms - 1) / sms) * bm[i] * bn[i] / speed[i];
-        if (i == 0 || cost < best_cost) best = i, best_cost = cost;
-    }
+    for (int i = 1; i < 4; ++i)
+        if (cost[i] < cost[best]) best = i;
     return best;
 }
 
@@ -377,8 +378,8 @@ cudaError_t launch(const T* a, const T* b, T* c, int M, int N, int K, CUtensorMa
         if (e != cudaSuccess) return e;
         configured = true;
     }
-    const int tiles = ((M + C::BM - 1) / C::BM) * ((N + C::BN - 1) / C::BN);
-    const int blocks = tiles < sm_count() ? tiles : sm_count();
+    const long tiles = C::tiles(M, N);
+    const int blocks = tiles < sm_count() ? (int)tiles : sm_count();
     kernel<<<blocks, C::THREADS, C::SMEM_BYTES, stream>>>(map_a, map_b, c, M, N, K);
     return cudaGetLastError();
 }
