@@ -5,12 +5,15 @@
 //
 // Idea: stage 7b's Triton kernel leaves the data movement to the compiler. On Hopper the
 // fast path is the one stage 6's v7 matmul took (matmul_v7_wgmma.cu), applied to attention:
-//   * one CTA per (128-row query block, b*h), 3 warpgroups (384 threads);
+//   * persistent: one CTA per SM, 3 warpgroups (384 threads), walking work tiles (a 128-row
+//     query block of one b*h; heads-major, causal: longest first), handed out by an atomic
+//     counter, so that the next tile's Q and K/V loads overlap this tile's end;
 //   * warpgroup 0 is the producer: one thread issues TMA copies (cp.async.bulk.tensor, 3-D
 //     tensor maps [B*H, S, d], so rows past S of this head are zero-filled by the copy
-//     engine, never read from the next head) of the Q block once, then of the K and V tiles
-//     into a STAGES-deep shared-memory ring. Per slot: k_full / v_full (TMA bytes landed)
-//     and empty (both consumers are done with the slot) mbarriers;
+//     engine, never read from the next head) of each tile's Q block, then of its K and V tiles
+//     into a STAGES-deep shared-memory ring that runs on across tiles. mbarriers: q_full /
+//     q_empty (Q landed / the tile's last S done), k_full / v_full per slot (TMA bytes landed),
+//     k_empty / v_empty (both consumers are done with the K, the V of a slot);
 //   * warpgroups 1 and 2 are consumers, 64 query rows each. Per key tile of BN = 128:
 //       S = Q K^T            wgmma m64n128k16, both operands from shared memory (K-major)
 //       mask                 only on the ragged last tile and the causal diagonal tile
@@ -23,24 +26,26 @@
 //     then O / l goes straight from registers to global memory, and L = (m + log2 l) ln 2.
 //   * setmaxnreg moves registers from the producer (24) to the consumers (240);
 //   * ping-pong: the two consumers take turns at the tensor cores (named barriers 1 and 2: a
-//     consumer issues a GEMM holding the turn and hands it over right after the issue), so one
-//     warpgroup's softmax runs while the other's wgmma's do (FA3's warp scheduler barrier).
+//     consumer issues its GEMMs holding the turn and hands it over right after the issue), so
+//     one warpgroup's softmax runs while the other's wgmma's do (FA3's warp scheduler barrier).
+//     A turn issues S_j and P_{j-1} V_{j-1} together: two GEMMs of tensor work to hide the other
+//     warpgroup's softmax behind;
+//   * intra-warpgroup overlap (FA3): the softmax of tile j runs while the same warpgroup's
+//     P_{j-1} V_{j-1} is still on the tensor cores (wait<1> for S_j alone; P_j into a second
+//     register array; o rescaled after wait<0>).
 //
-// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.88-0.98x SDPA (ping-pong bought
-// 0-8 %). Nsight Compute: tensor pipe 61 % busy here, 73 % in SDPA's (persistent) kernel.
-// Next steps (expected gain in brackets):
-//   1. a persistent tile loop (grid = #SMs, each CTA walks (query block, b*h) tiles, causal:
-//      longest first): the next tile's Q load and K/V fill overlap this tile's epilogue, as in
-//      SDPA's kernel; the epilogue through shared memory + a TMA store           [~5-10%]
-//   2. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
-//      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]. Tried
-//      (issue S_j with P_{j-1} V_{j-1}, softmax of tile j under the P V, first S and last P V
-//      peeled): at d = 128, BN = 128 ptxas reports insufficient registers (C7512), spills
-//      120-136 bytes and serialises every wgmma; d = 64 compiles cleanly. S, O and P alone are
-//      160 registers a thread, live at once; the consumers' budget is 240 (setmaxnreg), with the
-//      wgmma descriptors and indices on top. A smaller S tile (BN = 64) would leave room.
-//      (Neither a warp-uniform warpgroup index nor an early return of the producer changed it.)
-//   3. BN = 176 / 3 consumer warpgroups at d = 64 (more work per K/V byte).
+// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.93-1.11x SDPA, 0.94-1.02x in a
+// second round (one CTA per tile, before persistence and the two overlaps: 0.88-0.98x). Causal
+// and S = 2048 are at 0.99-1.11x; non-causal S >= 4096 stays at 0.93-0.98x. Nsight Compute at
+// S = 4096 non-causal: both grids are 132 persistent CTAs; the tensor (shared) pipe is 68 % busy
+// here, 73 % in SDPA's kernel (61 % before). Left to try: BN = 176 (FA3's tile at d = 128: more
+// GEMM per softmax and per barrier round), a 3-deep K/V ring (224 KB), the epilogue through
+// shared memory + a TMA store; at d = 64, 3 consumer warpgroups.
+// Register budget: S, O and both P arrays are 192 registers a thread at the overlap. ptxas gives
+// the consumers the 240 of setmaxnreg only if no trap is reachable from their code: a watchdog
+// (__trap) in their barrier waits had it spill P and serialise every wgmma (C7512) at 168.
+// So the consumers spin without one and the producer, which has it, waits at its end for their
+// last release: a consumer stuck anywhere still ends in a trap.
 //
 // Build and check without a GPU (what common.cuda_ext.compile_check runs):
 //   nvcc -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -c assignments/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
@@ -48,8 +53,8 @@
 // "wgmma serialized" line and no spills; tests/test_a07c_flash_hopper.py checks both):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -DA07C_SM90A -std=c++17 -O3 --expt-relaxed-constexpr -Xptxas -v \
 //        -c assignments/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
-// (168 registers at launch, 0 spills, for d = 64/128, causal or not; -DA07C_NO_PINGPONG: without
-// the schedule)
+// (168 registers at launch, 0 spills, for d = 64/128, causal or not; the comparison builds:
+// -DA07C_NO_PINGPONG without the schedule, -DA07C_NO_OVERLAP without the intra-warpgroup overlap)
 // Run on an H100 (builds through common.cuda_ext.load_op, then tests, memcheck and benchmark):
 //   bash lectures/results/a07c_run.sh
 //   o, lse = flash_attention_hopper(q, k, v, causal=True)   # assignments.a07_flash_attention.flash_hopper
@@ -58,6 +63,9 @@
 #include <cuda_runtime.h>
 #include <math_constants.h>
 #include <stdint.h>
+#include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cstdio>
 
 // wgmma and setmaxnreg exist only in the sm_90a target; other targets get a stub kernel.
@@ -152,8 +160,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 // Consumers wait with all 32 lanes, then reconverge the warp: the wgmma's after the wait are
 // .sync.aligned (every lane of every warp of the warpgroup, converged). Never from one lane.
+// Without the watchdog: a trap anywhere in the consumers' code keeps ptxas from giving them the
+// registers setmaxnreg raised (d = 128 spilled P and serialised every wgmma). A consumer stuck
+// here still ends in a trap: the producer's last wait (the consumers' release of the last tile)
+// has the watchdog. The debug build (-DA07C_DEBUG_HANG) times these waits too.
 __device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
+#ifdef A07C_DEBUG_HANG
     mbar_wait(bar, parity);
+#else
+    while (!mbar_try_wait(bar, parity)) {
+    }
+#endif
     __syncwarp();
 }
 // TMA: copy the box at (x = column, y = row, z = batch*head) of the 3-D `map` into shared
@@ -237,6 +254,11 @@ constexpr bool PINGPONG = false;   // the build without the schedule (flash_hopp
 #else
 constexpr bool PINGPONG = true;
 #endif
+#ifdef A07C_NO_OVERLAP
+constexpr bool OVERLAP = false;    // the build without it (flash_hopper.py: A07C_NO_OVERLAP=1)
+#else
+constexpr bool OVERLAP = true;     // softmax of tile j under the same warpgroup's P_{j-1} V_{j-1}
+#endif
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -315,36 +337,50 @@ template <> struct PV<128> {
 #endif  // A07C_HAS_WGMMA
 
 // ------------------------------------------------------------------------------ kernel
-// Grid: (ceil(S / BM), B*H). Block: 384 threads = producer warpgroup + 2 consumer warpgroups.
+// Grid: min(#SMs, ceil(S / BM) * B*H), persistent. Block: 384 threads = producer warpgroup + 2
+// consumer warpgroups. tile_counter: an int that is 0 at launch (the launch leaves it 0 again).
 template <int D, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)
 attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                  const __grid_constant__ CUtensorMap map_v, __nv_bfloat16* __restrict__ O, float* __restrict__ L,
-                 int S, float scale_log2) {
+                 int S, int BH, float scale_log2, int* __restrict__ tile_counter) {
 #if A07C_HAS_WGMMA
     using C = Cfg<D>;
     using P = Plan<D>;
     constexpr int STAGES = C::STAGES;
     extern __shared__ unsigned char smem_raw[];
-    __shared__ __align__(8) uint64_t q_full, k_full[STAGES], v_full[STAGES], empty[STAGES];
+    __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+    __shared__ int tile_slot;   // the tile the producer fetched (-1: none left), published with q_full
     // 128-byte swizzled tiles must start on a 1024-byte boundary. Layout: Q | K ring | V ring,
     // each tile as PANELS boxes of [rows][64 columns] (16 KB each), side by side.
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;   // P::q_panel, k_panel, ... from here
 
-    const int bh = blockIdx.y;
-    // Causal: the last query blocks see the most keys; start them first (fewer stragglers).
-    const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    const int m0 = m_block * BM;
-    const int kv_end = CAUSAL ? min(S, m0 + BM) : S;   // keys this block can see: [0, kv_end)
-    const int n_tiles = (kv_end + BN - 1) / BN;
+    // Persistent: one CTA per SM walks over work tiles (a 128-row query block of one b*h), so that
+    // the next tile's Q and K/V loads overlap this tile's last GEMMs and epilogue. Tile t: head
+    // bh = t / n_mb, query block t % n_mb, the longest first when causal (later blocks see more
+    // keys). Tiles 0 .. gridDim.x-1 go to CTA blockIdx.x; later ones to whichever CTA's producer
+    // asks first (atomicAdd on tile_counter): causal tiles differ in length, and a fixed
+    // round-robin left some SMs with twice the work of others. Heads-major order keeps the CTAs
+    // running at one time on a few heads, whose K and V stay in L2.
+    const int n_mb = (S + BM - 1) / BM;
+    const int total = n_mb * BH;
+    auto tile_rows = [&](int tile, int& bh, int& m0, int& n_tiles) {
+        bh = tile / n_mb;
+        const int i = tile % n_mb;
+        m0 = (CAUSAL ? n_mb - 1 - i : i) * BM;
+        const int kv_end = CAUSAL ? min(S, m0 + BM) : S;   // keys this query block can see: [0, kv_end)
+        n_tiles = (kv_end + BN - 1) / BN;
+    };
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         mbar_init(smem_u32(&q_full), 1);
+        mbar_init(smem_u32(&q_empty), CONSUMERS * 128);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_u32(&k_full[s]), 1);                  // the producer's arrive + bytes
             mbar_init(smem_u32(&v_full[s]), 1);
-            mbar_init(smem_u32(&empty[s]), CONSUMERS * 128);     // every consumer thread
+            mbar_init(smem_u32(&k_empty[s]), CONSUMERS * 128);   // every consumer thread
+            mbar_init(smem_u32(&v_empty[s]), CONSUMERS * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the inits, seen by TMA (async proxy)
@@ -352,29 +388,41 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
     __syncthreads();
 
     // TODO(a07 7c): the producer and consumer loops and the epilogue. Outline:
-    //  * producer (wg == 0): setmaxnreg_dec<24>(); thread t == 0 alone: the Q block once
-    //    (mbar_arrive_expect_tx(q_full, Q_BYTES), PANELS boxes at (x = 64p, y = m0, z = bh)
-    //    into P::q_panel(base, p)), then for each key tile j: slot s = j % STAGES, phase =
-    //    (j / STAGES) & 1; wait empty[s] for parity phase ^ 1; expect KV_BYTES on k_full[s],
-    //    TMA the K boxes (x = 64p, y = j*BN, z = bh) into P::k_panel(base, s, p); the same
-    //    for V on v_full[s] into P::v_panel(base, s, p).
-    //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); c = wg - 1 owns query rows m0 + 64c ..;
-    //    thread (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
-    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Per tile: S = 0 (then
-    //    fence_operands(S)); wait k_full (consumers wait with mbar_wait_warp); wgmma_fence();
-    //    for each 16-column step k of d: wgmma_ss_m64n128k16(S, P::desc_q(base, c, k),
-    //    P::desc_k(base, s, k)); commit, wait<0>, fence_operands(S).
-    //    Mask (-inf) columns >= S and, causal, columns > row. Online softmax in the exp2
-    //    domain (row max over the 4 lanes of a row: __shfl_xor_sync 1 and 2). P to bf16:
-    //    register a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]). fence_operands of o and
-    //    a; wait v_full; wgmma_fence(); for each 16-key step kk: PV<D>::run(o, a[kk],
-    //    P::desc_v(base, s, kk)); commit, wait<0>, fence_operands(o), arrive on empty[s].
+    //  * producer (wg == 0): setmaxnreg_dec<24>(); thread t == 0 alone walks the tiles: the first is
+    //    blockIdx.x, the next gridDim.x + atomicAdd(tile_counter, 1) (the fetch that returns
+    //    total - 1 is the launch's last: it resets the counter to 0 for the next launch). Per tile
+    //    i (counted from 0): wait q_empty for parity (i & 1) ^ 1 (the consumers' last S of the tile
+    //    before), write tile_slot (-1 once tile >= total: then a plain mbar_arrive on q_full, and
+    //    stop), expect Q_BYTES on q_full and TMA the Q boxes (x = 64p, y = m0, z = bh) into
+    //    P::q_panel(base, p); then for each key tile j: ring index g (counting on across tiles),
+    //    slot s = g % STAGES, phase = (g / STAGES) & 1; wait k_empty[s] for parity phase ^ 1,
+    //    expect KV_BYTES on k_full[s], TMA the K boxes (x = 64p, y = j*BN, z = bh) into
+    //    P::k_panel(base, s, p); the same for V (v_empty[s], v_full[s], P::v_panel). At the end,
+    //    wait for the last V slot's release (the watchdog the consumers' waits do not have).
+    //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); per tile: wait q_full (parity i & 1), read
+    //    tile_slot (stop at -1), tile_rows(); c = wg - 1 owns query rows m0 + 64c ..; thread
+    //    (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
+    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Tile j's two GEMMs:
+    //      S_j = Q K_j^T: S = 0 (then fence_operands(S)); wait k_full (consumers wait with
+    //      mbar_wait_warp); for each 16-column step k of d: wgmma_ss_m64n128k16(S,
+    //      P::desc_q(base, c, k), P::desc_k(base, s, k)).
+    //      O += P_j V_j: for each 16-key step kk: PV<D>::run(o, a[kk], P::desc_v(base, s, kk)).
+    //    Softmax of tile j (between them): mask (-inf) columns >= S and, causal, columns > row;
+    //    online softmax in the exp2 domain (row max over the 4 lanes of a row: __shfl_xor_sync
+    //    1 and 2), o rescaled; P to bf16: a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]).
+    //    Issue order, one wgmma_fence / commit / wait<0> per step: S_0; softmax_0; then for
+    //    j = 1 .. n-1: S_j and P_{j-1} V_{j-1} together, wait, arrive on k_empty (slot of j)
+    //    and v_empty (slot of j-1), softmax_j; last P_{n-1} V_{n-1}. Once S_{n-1} is done, arrive
+    //    on q_empty (the producer may load the next tile's Q). Fence (fence_operands) the
+    //    register operands (S, o, a) before wgmma_fence and after the wait.
     //  * epilogue: O = o / l (l summed over the 4 lanes of a row), rows < S only, and
     //    L = (m + log2 l) * ln 2 from lane l % 4 == 0.
     //  * once that passes: the ping-pong schedule (if PINGPONG): named_bar_sync(1 + c) before
-    //    each GEMM's wgmma_fence, named_bar_arrive(2 - c) right after its commit; consumer 1
-    //    arrives on barrier 1 once before its loop (consumer 0 goes first), consumer 0 syncs on
-    //    barrier 1 once after its loop (the last arrive is matched).
+    //    each step's wgmma_fence, named_bar_arrive(2 - c) right after its commit; consumer 1
+    //    arrives on barrier 1 once before its first tile (consumer 0 goes first), consumer 0
+    //    syncs on barrier 1 once after its last (the last arrive is matched). Then OVERLAP:
+    //    S_j and P_{j-1} V_{j-1} as two commit groups, wait<1> for S_j, the softmax of tile j
+    //    (into a second P array) while P_{j-1} V_{j-1} runs, then wait<0> and the rescale.
 #else
     __trap();  // built without sm_90a: launch_attention_fwd_hopper refuses before we get here
 #endif
@@ -413,6 +461,16 @@ inline bool make_map(CUtensorMap* map, const void* ptr, int BH, int S, int D, in
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The persistent kernel's tile counters (zero when the module loads; each launch leaves its
+// counter at zero again). Launches take them in turn, so that launches running at the same time
+// on different streams (up to COUNTERS of them) never share one.
+constexpr int COUNTERS = 64;
+__device__ int tile_counters[COUNTERS];
+inline int next_counter() {
+    static std::atomic<unsigned> n{0};
+    return (int)(n.fetch_add(1, std::memory_order_relaxed) % COUNTERS);
+}
+
 template <int D, bool CAUSAL>
 cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* lse, int BH, int S,
                    cudaStream_t stream) {
@@ -427,9 +485,18 @@ cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* 
         configured = true;
     }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    const dim3 grid((S + BM - 1) / BM, BH);
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const long long tiles = (long long)((S + BM - 1) / BM) * BH;
+    if (tiles > INT_MAX / 2) return cudaErrorInvalidValue;
+    const int grid = (int)std::min<long long>(tiles, std::max(sms, 1));   // persistent: one CTA per SM
+    int* counter = nullptr;
+    cudaError_t e = cudaGetSymbolAddress(reinterpret_cast<void**>(&counter), tile_counters);
+    if (e != cudaSuccess) return e;
+    counter += next_counter();
     kernel<<<grid, THREADS, Cfg<D>::SMEM_BYTES, stream>>>(map_q, map_k, map_v, static_cast<__nv_bfloat16*>(o), lse,
-                                                          S, scale_log2);
+                                                          S, BH, scale_log2, counter);
     return cudaGetLastError();
 }
 

@@ -14,6 +14,8 @@
 # 4. bench.log + a07c_flash_hopper.csv/.md: TFLOP/s vs SDPA, bf16, d = 128, S = 2048..16384; then
 #    the same without the ping-pong schedule (A07C_NO_PINGPONG=1, its own build), into bench.log
 # 5. stubs.log    the graded tests on assignments/ (the untouched stub): every one must fail
+# 6. mutants.log  tests/mutants/flash.py's 7c mutants, each caught by the graded tests
+# 7. ncu_s4096_d128.txt  Nsight Compute, this kernel and SDPA's at S = 4096, d = 128, non-causal
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/a07c_out}; mkdir -p "$OUT"; export OUT
@@ -31,6 +33,11 @@ rm -f "$OUT/smoke_case"
 ( A07C_DEBUG_HANG=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
     > /tmp/a07c_debug_build.log 2>&1 ) &
 DBG_PID=$!
+# The variants the bench compares (each its own build and process), built meanwhile too.
+for V in A07C_NO_OVERLAP A07C_NO_PINGPONG; do
+  ( env $V=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
+      > /tmp/a07c_build_$V.log 2>&1 ) &
+done
 
 {
   step "GPU"
@@ -86,6 +93,9 @@ tail -24 "$OUT/build.log"
 step "pytest" | tee "$OUT/pytest.log"
 timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -rs -p no:cacheprovider 2>&1 \
   | tee -a "$OUT/pytest.log" | tail -25
+step "pytest, the A07C_NO_OVERLAP=1 build" | tee -a "$OUT/pytest.log"
+A07C_NO_OVERLAP=1 timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -p no:cacheprovider 2>&1 \
+  | tee -a "$OUT/pytest.log" | tail -4
 
 step "memcheck" | tee "$OUT/memcheck.log"
 cat > /tmp/a07c_memcheck.py <<'PYEOF'
@@ -100,6 +110,9 @@ for d in (64, 128):
 PYEOF
 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
   $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -12
+step "memcheck, the A07C_NO_OVERLAP=1 build" | tee -a "$OUT/memcheck.log"
+A07C_NO_OVERLAP=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
+  $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -6
 
 wait $DBG_PID 2>/dev/null   # the background build is done before anything is timed
 if [ -f "$OUT/smoke_case" ]; then
@@ -107,11 +120,35 @@ if [ -f "$OUT/smoke_case" ]; then
 else
   step "bench" | tee "$OUT/bench.log"
   timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
+  step "bench without the softmax under the same warpgroup's P V (A07C_NO_OVERLAP=1: its own build)" | tee -a "$OUT/bench.log"
+  A07C_NO_OVERLAP=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_nooverlap 2>&1 \
+    | tee -a "$OUT/bench.log" | tail -14
   step "bench without the ping-pong schedule (A07C_NO_PINGPONG=1: its own build)" | tee -a "$OUT/bench.log"
   A07C_NO_PINGPONG=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_nopp 2>&1 \
     | tee -a "$OUT/bench.log" | tail -14
+  step "bench again, the default build (second round: clocks)" | tee -a "$OUT/bench.log"
+  timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_again 2>&1 | tee -a "$OUT/bench.log" | tail -14
 fi
 step "graded tests on the untouched stub (every one must fail)" | tee "$OUT/stubs.log"
 timeout 120 $PY -m pytest tests/test_a07c_flash_hopper.py --impl assignments -m graded -q -p no:cacheprovider --tb=no \
   2>&1 | tail -6 | tee -a "$OUT/stubs.log"
+step "mutants (tests/mutants/flash.py, 7c): each must be caught" | tee "$OUT/mutants.log"
+PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH} timeout 200 $PY -m pytest tests/test_mutants.py --impl solutions --mutants -k 7c -q \
+  -p no:cacheprovider 2>&1 | tail -8 | tee -a "$OUT/mutants.log"
+step "Nsight Compute: one call of each at S = 4096, d = 128, non-causal (clocks not locked)" | tee "$OUT/ncu_s4096_d128.txt"
+NCU=$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+cat > /tmp/a07c_ncu.py <<'PYEOF'
+import torch, torch.nn.functional as F
+from solutions.a07_flash_attention import flash_hopper as m
+q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+m.flash_attention_hopper(q, k, v, causal=False); F.scaled_dot_product_attention(q, k, v)   # warm (builds, autotune)
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
+m.flash_attention_hopper(q, k, v, causal=False); F.scaled_dot_product_attention(q, k, v)
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()
+PYEOF
+PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 240 "$NCU" --profile-from-start off --clock-control none \
+  --section SpeedOfLight --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy \
+  $PY /tmp/a07c_ncu.py 2>&1 | tee -a "$OUT/ncu_s4096_d128.txt" | grep -E "attention_fwd_hopper|sdpa|Duration|Compute \(SM\)|highest-utilized|Grid Size" | cut -c1-160
 step "done"

@@ -5,12 +5,15 @@
 //
 // Idea: stage 7b's Triton kernel leaves the data movement to the compiler. On Hopper the
 // fast path is the one stage 6's v7 matmul took (matmul_v7_wgmma.cu), applied to attention:
-//   * one CTA per (128-row query block, b*h), 3 warpgroups (384 threads);
+//   * persistent: one CTA per SM, 3 warpgroups (384 threads), walking work tiles (a 128-row
+//     query block of one b*h; heads-major, causal: longest first), handed out by an atomic
+//     counter, so that the next tile's Q and K/V loads overlap this tile's end;
 //   * warpgroup 0 is the producer: one thread issues TMA copies (cp.async.bulk.tensor, 3-D
 //     tensor maps [B*H, S, d], so rows past S of this head are zero-filled by the copy
-//     engine, never read from the next head) of the Q block once, then of the K and V tiles
-//     into a STAGES-deep shared-memory ring. Per slot: k_full / v_full (TMA bytes landed)
-//     and empty (both consumers are done with the slot) mbarriers;
+//     engine, never read from the next head) of each tile's Q block, then of its K and V tiles
+//     into a STAGES-deep shared-memory ring that runs on across tiles. mbarriers: q_full /
+//     q_empty (Q landed / the tile's last S done), k_full / v_full per slot (TMA bytes landed),
+//     k_empty / v_empty (both consumers are done with the K, the V of a slot);
 //   * warpgroups 1 and 2 are consumers, 64 query rows each. Per key tile of BN = 128:
 //       S = Q K^T            wgmma m64n128k16, both operands from shared memory (K-major)
 //       mask                 only on the ragged last tile and the causal diagonal tile
@@ -23,24 +26,26 @@
 //     then O / l goes straight from registers to global memory, and L = (m + log2 l) ln 2.
 //   * setmaxnreg moves registers from the producer (24) to the consumers (240);
 //   * ping-pong: the two consumers take turns at the tensor cores (named barriers 1 and 2: a
-//     consumer issues a GEMM holding the turn and hands it over right after the issue), so one
-//     warpgroup's softmax runs while the other's wgmma's do (FA3's warp scheduler barrier).
+//     consumer issues its GEMMs holding the turn and hands it over right after the issue), so
+//     one warpgroup's softmax runs while the other's wgmma's do (FA3's warp scheduler barrier).
+//     A turn issues S_j and P_{j-1} V_{j-1} together: two GEMMs of tensor work to hide the other
+//     warpgroup's softmax behind;
+//   * intra-warpgroup overlap (FA3): the softmax of tile j runs while the same warpgroup's
+//     P_{j-1} V_{j-1} is still on the tensor cores (wait<1> for S_j alone; P_j into a second
+//     register array; o rescaled after wait<0>).
 //
-// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.88-0.98x SDPA (ping-pong bought
-// 0-8 %). Nsight Compute: tensor pipe 61 % busy here, 73 % in SDPA's (persistent) kernel.
-// Next steps (expected gain in brackets):
-//   1. a persistent tile loop (grid = #SMs, each CTA walks (query block, b*h) tiles, causal:
-//      longest first): the next tile's Q load and K/V fill overlap this tile's epilogue, as in
-//      SDPA's kernel; the epilogue through shared memory + a TMA store           [~5-10%]
-//   2. intra-warpgroup overlap: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j,
-//      wait for it after (needs a second S accumulator: 64 more registers)  [~5-10%]. Tried
-//      (issue S_j with P_{j-1} V_{j-1}, softmax of tile j under the P V, first S and last P V
-//      peeled): at d = 128, BN = 128 ptxas reports insufficient registers (C7512), spills
-//      120-136 bytes and serialises every wgmma; d = 64 compiles cleanly. S, O and P alone are
-//      160 registers a thread, live at once; the consumers' budget is 240 (setmaxnreg), with the
-//      wgmma descriptors and indices on top. A smaller S tile (BN = 64) would leave room.
-//      (Neither a warp-uniform warpgroup index nor an early return of the producer changed it.)
-//   3. BN = 176 / 3 consumer warpgroups at d = 64 (more work per K/V byte).
+// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.93-1.11x SDPA, 0.94-1.02x in a
+// second round (one CTA per tile, before persistence and the two overlaps: 0.88-0.98x). Causal
+// and S = 2048 are at 0.99-1.11x; non-causal S >= 4096 stays at 0.93-0.98x. Nsight Compute at
+// S = 4096 non-causal: both grids are 132 persistent CTAs; the tensor (shared) pipe is 68 % busy
+// here, 73 % in SDPA's kernel (61 % before). Left to try: BN = 176 (FA3's tile at d = 128: more
+// GEMM per softmax and per barrier round), a 3-deep K/V ring (224 KB), the epilogue through
+// shared memory + a TMA store; at d = 64, 3 consumer warpgroups.
+// Register budget: S, O and both P arrays are 192 registers a thread at the overlap. ptxas gives
+// the consumers the 240 of setmaxnreg only if no trap is reachable from their code: a watchdog
+// (__trap) in their barrier waits had it spill P and serialise every wgmma (C7512) at 168.
+// So the consumers spin without one and the producer, which has it, waits at its end for their
+// last release: a consumer stuck anywhere still ends in a trap.
 //
 // Build and check without a GPU (what common.cuda_ext.compile_check runs):
 //   nvcc -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -c solutions/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
@@ -48,8 +53,8 @@
 // "wgmma serialized" line and no spills; tests/test_a07c_flash_hopper.py checks both):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -DA07C_SM90A -std=c++17 -O3 --expt-relaxed-constexpr -Xptxas -v \
 //        -c solutions/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
-// (168 registers at launch, 0 spills, for d = 64/128, causal or not; -DA07C_NO_PINGPONG: without
-// the schedule)
+// (168 registers at launch, 0 spills, for d = 64/128, causal or not; the comparison builds:
+// -DA07C_NO_PINGPONG without the schedule, -DA07C_NO_OVERLAP without the intra-warpgroup overlap)
 // Run on an H100 (builds through common.cuda_ext.load_op, then tests, memcheck and benchmark):
 //   bash lectures/results/a07c_run.sh
 //   o, lse = flash_attention_hopper(q, k, v, causal=True)   # solutions.a07_flash_attention.flash_hopper
@@ -58,6 +63,9 @@
 #include <cuda_runtime.h>
 #include <math_constants.h>
 #include <stdint.h>
+#include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cstdio>
 
 // wgmma and setmaxnreg exist only in the sm_90a target; other targets get a stub kernel.
@@ -152,8 +160,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 // Consumers wait with all 32 lanes, then reconverge the warp: the wgmma's after the wait are
 // .sync.aligned (every lane of every warp of the warpgroup, converged). Never from one lane.
+// Without the watchdog: a trap anywhere in the consumers' code keeps ptxas from giving them the
+// registers setmaxnreg raised (d = 128 spilled P and serialised every wgmma). A consumer stuck
+// here still ends in a trap: the producer's last wait (the consumers' release of the last tile)
+// has the watchdog. The debug build (-DA07C_DEBUG_HANG) times these waits too.
 __device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
+#ifdef A07C_DEBUG_HANG
     mbar_wait(bar, parity);
+#else
+    while (!mbar_try_wait(bar, parity)) {
+    }
+#endif
     __syncwarp();
 }
 // TMA: copy the box at (x = column, y = row, z = batch*head) of the 3-D `map` into shared
@@ -237,6 +254,11 @@ constexpr bool PINGPONG = false;   // the build without the schedule (flash_hopp
 #else
 constexpr bool PINGPONG = true;
 #endif
+#ifdef A07C_NO_OVERLAP
+constexpr bool OVERLAP = false;    // the build without it (flash_hopper.py: A07C_NO_OVERLAP=1)
+#else
+constexpr bool OVERLAP = true;     // softmax of tile j under the same warpgroup's P_{j-1} V_{j-1}
+#endif
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -315,36 +337,50 @@ template <> struct PV<128> {
 #endif  // A07C_HAS_WGMMA
 
 // ------------------------------------------------------------------------------ kernel
-// Grid: (ceil(S / BM), B*H). Block: 384 threads = producer warpgroup + 2 consumer warpgroups.
+// Grid: min(#SMs, ceil(S / BM) * B*H), persistent. Block: 384 threads = producer warpgroup + 2
+// consumer warpgroups. tile_counter: an int that is 0 at launch (the launch leaves it 0 again).
 template <int D, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)
 attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                  const __grid_constant__ CUtensorMap map_v, __nv_bfloat16* __restrict__ O, float* __restrict__ L,
-                 int S, float scale_log2) {
+                 int S, int BH, float scale_log2, int* __restrict__ tile_counter) {
 #if A07C_HAS_WGMMA
     using C = Cfg<D>;
     using P = Plan<D>;
     constexpr int STAGES = C::STAGES;
     extern __shared__ unsigned char smem_raw[];
-    __shared__ __align__(8) uint64_t q_full, k_full[STAGES], v_full[STAGES], empty[STAGES];
+    __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+    __shared__ int tile_slot;   // the tile the producer fetched (-1: none left), published with q_full
     // 128-byte swizzled tiles must start on a 1024-byte boundary. Layout: Q | K ring | V ring,
     // each tile as PANELS boxes of [rows][64 columns] (16 KB each), side by side.
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;   // P::q_panel, k_panel, ... from here
 
-    const int bh = blockIdx.y;
-    // Causal: the last query blocks see the most keys; start them first (fewer stragglers).
-    const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    const int m0 = m_block * BM;
-    const int kv_end = CAUSAL ? min(S, m0 + BM) : S;   // keys this block can see: [0, kv_end)
-    const int n_tiles = (kv_end + BN - 1) / BN;
+    // Persistent: one CTA per SM walks over work tiles (a 128-row query block of one b*h), so that
+    // the next tile's Q and K/V loads overlap this tile's last GEMMs and epilogue. Tile t: head
+    // bh = t / n_mb, query block t % n_mb, the longest first when causal (later blocks see more
+    // keys). Tiles 0 .. gridDim.x-1 go to CTA blockIdx.x; later ones to whichever CTA's producer
+    // asks first (atomicAdd on tile_counter): causal tiles differ in length, and a fixed
+    // round-robin left some SMs with twice the work of others. Heads-major order keeps the CTAs
+    // running at one time on a few heads, whose K and V stay in L2.
+    const int n_mb = (S + BM - 1) / BM;
+    const int total = n_mb * BH;
+    auto tile_rows = [&](int tile, int& bh, int& m0, int& n_tiles) {
+        bh = tile / n_mb;
+        const int i = tile % n_mb;
+        m0 = (CAUSAL ? n_mb - 1 - i : i) * BM;
+        const int kv_end = CAUSAL ? min(S, m0 + BM) : S;   // keys this query block can see: [0, kv_end)
+        n_tiles = (kv_end + BN - 1) / BN;
+    };
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         mbar_init(smem_u32(&q_full), 1);
+        mbar_init(smem_u32(&q_empty), CONSUMERS * 128);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_u32(&k_full[s]), 1);                  // the producer's arrive + bytes
             mbar_init(smem_u32(&v_full[s]), 1);
-            mbar_init(smem_u32(&empty[s]), CONSUMERS * 128);     // every consumer thread
+            mbar_init(smem_u32(&k_empty[s]), CONSUMERS * 128);   // every consumer thread
+            mbar_init(smem_u32(&v_empty[s]), CONSUMERS * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the inits, seen by TMA (async proxy)
@@ -352,89 +388,99 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
     __syncthreads();
 
     // TODO(a07 7c): the producer and consumer loops and the epilogue. Outline:
-    //  * producer (wg == 0): setmaxnreg_dec<24>(); thread t == 0 alone: the Q block once
-    //    (mbar_arrive_expect_tx(q_full, Q_BYTES), PANELS boxes at (x = 64p, y = m0, z = bh)
-    //    into P::q_panel(base, p)), then for each key tile j: slot s = j % STAGES, phase =
-    //    (j / STAGES) & 1; wait empty[s] for parity phase ^ 1; expect KV_BYTES on k_full[s],
-    //    TMA the K boxes (x = 64p, y = j*BN, z = bh) into P::k_panel(base, s, p); the same
-    //    for V on v_full[s] into P::v_panel(base, s, p).
-    //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); c = wg - 1 owns query rows m0 + 64c ..;
-    //    thread (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
-    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Per tile: S = 0 (then
-    //    fence_operands(S)); wait k_full (consumers wait with mbar_wait_warp); wgmma_fence();
-    //    for each 16-column step k of d: wgmma_ss_m64n128k16(S, P::desc_q(base, c, k),
-    //    P::desc_k(base, s, k)); commit, wait<0>, fence_operands(S).
-    //    Mask (-inf) columns >= S and, causal, columns > row. Online softmax in the exp2
-    //    domain (row max over the 4 lanes of a row: __shfl_xor_sync 1 and 2). P to bf16:
-    //    register a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]). fence_operands of o and
-    //    a; wait v_full; wgmma_fence(); for each 16-key step kk: PV<D>::run(o, a[kk],
-    //    P::desc_v(base, s, kk)); commit, wait<0>, fence_operands(o), arrive on empty[s].
+    //  * producer (wg == 0): setmaxnreg_dec<24>(); thread t == 0 alone walks the tiles: the first is
+    //    blockIdx.x, the next gridDim.x + atomicAdd(tile_counter, 1) (the fetch that returns
+    //    total - 1 is the launch's last: it resets the counter to 0 for the next launch). Per tile
+    //    i (counted from 0): wait q_empty for parity (i & 1) ^ 1 (the consumers' last S of the tile
+    //    before), write tile_slot (-1 once tile >= total: then a plain mbar_arrive on q_full, and
+    //    stop), expect Q_BYTES on q_full and TMA the Q boxes (x = 64p, y = m0, z = bh) into
+    //    P::q_panel(base, p); then for each key tile j: ring index g (counting on across tiles),
+    //    slot s = g % STAGES, phase = (g / STAGES) & 1; wait k_empty[s] for parity phase ^ 1,
+    //    expect KV_BYTES on k_full[s], TMA the K boxes (x = 64p, y = j*BN, z = bh) into
+    //    P::k_panel(base, s, p); the same for V (v_empty[s], v_full[s], P::v_panel). At the end,
+    //    wait for the last V slot's release (the watchdog the consumers' waits do not have).
+    //  * consumers (wg 1, 2): setmaxnreg_inc<240>(); per tile: wait q_full (parity i & 1), read
+    //    tile_slot (stop at -1), tile_rows(); c = wg - 1 owns query rows m0 + 64c ..; thread
+    //    (warp w, lane l) holds accumulator i at row 16w + l/4 + 8*((i/2)%2), column
+    //    8*(i/4) + 2*(l%4) + i%2 (matmul v7's epilogue). Tile j's two GEMMs:
+    //      S_j = Q K_j^T: S = 0 (then fence_operands(S)); wait k_full (consumers wait with
+    //      mbar_wait_warp); for each 16-column step k of d: wgmma_ss_m64n128k16(S,
+    //      P::desc_q(base, c, k), P::desc_k(base, s, k)).
+    //      O += P_j V_j: for each 16-key step kk: PV<D>::run(o, a[kk], P::desc_v(base, s, kk)).
+    //    Softmax of tile j (between them): mask (-inf) columns >= S and, causal, columns > row;
+    //    online softmax in the exp2 domain (row max over the 4 lanes of a row: __shfl_xor_sync
+    //    1 and 2), o rescaled; P to bf16: a[kk][r] = pack_bf16(S[8kk + 2r], S[8kk + 2r + 1]).
+    //    Issue order, one wgmma_fence / commit / wait<0> per step: S_0; softmax_0; then for
+    //    j = 1 .. n-1: S_j and P_{j-1} V_{j-1} together, wait, arrive on k_empty (slot of j)
+    //    and v_empty (slot of j-1), softmax_j; last P_{n-1} V_{n-1}. Once S_{n-1} is done, arrive
+    //    on q_empty (the producer may load the next tile's Q). Fence (fence_operands) the
+    //    register operands (S, o, a) before wgmma_fence and after the wait.
     //  * epilogue: O = o / l (l summed over the 4 lanes of a row), rows < S only, and
     //    L = (m + log2 l) * ln 2 from lane l % 4 == 0.
     //  * once that passes: the ping-pong schedule (if PINGPONG): named_bar_sync(1 + c) before
-    //    each GEMM's wgmma_fence, named_bar_arrive(2 - c) right after its commit; consumer 1
-    //    arrives on barrier 1 once before its loop (consumer 0 goes first), consumer 0 syncs on
-    //    barrier 1 once after its loop (the last arrive is matched).
+    //    each step's wgmma_fence, named_bar_arrive(2 - c) right after its commit; consumer 1
+    //    arrives on barrier 1 once before its first tile (consumer 0 goes first), consumer 0
+    //    syncs on barrier 1 once after its last (the last arrive is matched). Then OVERLAP:
+    //    S_j and P_{j-1} V_{j-1} as two commit groups, wait<1> for S_j, the softmax of tile j
+    //    (into a second P array) while P_{j-1} V_{j-1} runs, then wait<0> and the rescale.
     // SOLUTION
     if (wg == 0) {
-        // ---- producer: one thread keeps STAGES key/value tiles in flight.
+        // ---- producer: one thread fetches the tiles and keeps STAGES key and value tiles in flight.
         setmaxnreg_dec<24>();
         if (t == 0) {
-            mbar_arrive_expect_tx(smem_u32(&q_full), C::Q_BYTES);
-#pragma unroll
-            for (int p = 0; p < C::PANELS; ++p)
-                tma_load_3d(P::q_panel(base, p), &map_q, p * PANEL, m0, bh, smem_u32(&q_full));
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                const uint32_t phase = (j / STAGES) & 1;
-                mbar_wait(smem_u32(&empty[s]), phase ^ 1);       // both consumers released slot s
-                mbar_arrive_expect_tx(smem_u32(&k_full[s]), C::KV_BYTES);
+            int g = 0;                                           // K/V ring index, on across tiles
+            int tile = blockIdx.x;
+            for (int i = 0;; ++i) {
+                mbar_wait(smem_u32(&q_empty), (i & 1) ^ 1);      // the consumers' last S of tile i - 1
+                tile_slot = tile < total ? tile : -1;
+                if (tile >= total) {
+                    mbar_arrive(smem_u32(&q_full));              // no bytes: "no tile left" (release: tile_slot)
+                    break;
+                }
+                int bh, m0, n_tiles;
+                tile_rows(tile, bh, m0, n_tiles);
+                mbar_arrive_expect_tx(smem_u32(&q_full), C::Q_BYTES);
 #pragma unroll
                 for (int p = 0; p < C::PANELS; ++p)
-                    tma_load_3d(P::k_panel(base, s, p), &map_k, p * PANEL, j * BN, bh, smem_u32(&k_full[s]));
-                mbar_arrive_expect_tx(smem_u32(&v_full[s]), C::KV_BYTES);
+                    tma_load_3d(P::q_panel(base, p), &map_q, p * PANEL, m0, bh, smem_u32(&q_full));
+                for (int j = 0; j < n_tiles; ++j, ++g) {
+                    const int s = g % STAGES;
+                    const uint32_t phase = (g / STAGES) & 1;
+                    mbar_wait(smem_u32(&k_empty[s]), phase ^ 1); // both consumers are done with K slot s
+                    mbar_arrive_expect_tx(smem_u32(&k_full[s]), C::KV_BYTES);
 #pragma unroll
-                for (int p = 0; p < C::PANELS; ++p)
-                    tma_load_3d(P::v_panel(base, s, p), &map_v, p * PANEL, j * BN, bh, smem_u32(&v_full[s]));
+                    for (int p = 0; p < C::PANELS; ++p)
+                        tma_load_3d(P::k_panel(base, s, p), &map_k, p * PANEL, j * BN, bh, smem_u32(&k_full[s]));
+                    mbar_wait(smem_u32(&v_empty[s]), phase ^ 1); // ... and with V slot s
+                    mbar_arrive_expect_tx(smem_u32(&v_full[s]), C::KV_BYTES);
+#pragma unroll
+                    for (int p = 0; p < C::PANELS; ++p)
+                        tma_load_3d(P::v_panel(base, s, p), &map_v, p * PANEL, j * BN, bh, smem_u32(&v_full[s]));
+                }
+                // The next tile, asked for while the consumers still work on this one. A launch makes
+                // `total` fetches in all (gridDim.x of them past the end), numbered 0 .. total-1: the
+                // last one resets the counter for the next launch on this stream.
+                const int f = atomicAdd(tile_counter, 1);
+                if (f == total - 1) atomicExch(tile_counter, 0);
+                tile = gridDim.x + f;
             }
+            // Stay until the consumers have released the last V tile: their waits have no watchdog
+            // (mbar_wait_warp), so a consumer stuck anywhere traps here, after A07C_HANG_NS.
+            if (g > 0) mbar_wait(smem_u32(&v_empty[(g - 1) % STAGES]), ((g - 1) / STAGES) & 1);
         }
     } else {
-        // ---- consumers: warpgroup c owns query rows [m0 + 64c, m0 + 64c + 64).
+        // ---- consumers: per tile, warpgroup c owns query rows [m0 + 64c, m0 + 64c + 64).
         setmaxnreg_inc<240>();
         const int c = wg - 1, w = t / 32, l = t % 32;
-        const int row_lo = m0 + c * 64 + w * 16 + l / 4;   // this thread's rows: row_lo and row_lo + 8
-        const int wg_row0 = m0 + c * 64;                    // the warpgroup's first row
+        int bh = 0, m0 = 0, n_tiles = 0, row_lo = 0, wg_row0 = 0, g0 = 0;   // the tile's (set per tile)
         float o[D / 2];
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-        float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};    // running max, log2 units (scaled)
-        float l_run[2] = {0.f, 0.f};                        // running sum, this thread's columns only
-        mbar_wait_warp(smem_u32(&q_full), 0);
-        // Ping-pong (FA3): the two warpgroups take turns at the tensor cores, so that one's softmax
-        // runs while the other's wgmma's do. Each GEMM is issued holding the turn (bar.sync on my
-        // barrier 1 + c), which passes to the other right after the issue (bar.arrive on 2 - c).
-        // Consumer 1 hands consumer 0 the first turn.
-        if (PINGPONG && c == 1) named_bar_arrive(1);
+        float m_run[2], l_run[2];                           // running max (log2 units, scaled), sum (my columns)
+        float sc[BN / 2];                                   // S (fp32, 64 rows x 128 keys per warpgroup)
+        uint32_t pa[BN / 16][4];                            // P (bf16), the register-A operand of P V
 
-        for (int j = 0; j < n_tiles; ++j) {
-            const int s = j % STAGES;
-            const uint32_t phase = (j / STAGES) & 1;
-            // ---- S = Q K^T (fp32, 64 rows x 128 keys per warpgroup: 64 registers a thread)
-            float sc[BN / 2];
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
-            fence_operands(sc);                                  // the zeros are written before the fence
-            mbar_wait_warp(smem_u32(&k_full[s]), phase);
-            if (PINGPONG) named_bar_sync(1 + c);
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < D / 16; ++k)
-                wgmma_ss_m64n128k16(sc, P::desc_q(base, c, k), P::desc_k(base, s, k));
-            wgmma_commit();
-            if (PINGPONG) named_bar_arrive(2 - c);
-            wgmma_wait<0>();
-            fence_operands(sc);
-
+        // Tile j's softmax: mask, running max and sum, P packed into dst; returns alpha, the factor
+        // o must be rescaled by (rescale) before P_j V_j is added.
+        auto softmax = [&](int j, uint32_t (&dst)[BN / 16][4], float (&alpha)[2]) {
             // ---- mask: only the ragged last tile and (causal) tiles reaching past the diagonal
             const int n0 = j * BN;
             if (n0 + BN > S || (CAUSAL && n0 + BN - 1 > wg_row0)) {
@@ -445,12 +491,11 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
                     if (col >= S || (CAUSAL && col > row)) sc[i] = -CUDART_INF_F;
                 }
             }
-
             // ---- online softmax (exp2 domain; scale_log2 = log2(e) / sqrt(d) > 0)
             float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
-            float alpha[2], neg_base[2], rs[2] = {0.f, 0.f};
+            float neg_base[2], rs[2] = {0.f, 0.f};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));   // the 4 lanes of a row
@@ -469,59 +514,147 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
-
             // ---- P to bf16, already in the register-A layout of m64nNk16: step kk covers keys
             // 16kk..16kk+15 = accumulators 8kk..8kk+7 (rows r / r+8, columns +0 / +8).
-            uint32_t pa[BN / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) pa[kk][r] = pack_bf16(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-
-            // ---- O += P V (V tile [128 keys][d] row-major = MN-major B; LBO = panel to panel
-            // along d, SBO = 8 key rows). The rescaled o and the packed P are register operands of
-            // the wgmma's: fence them so that the compiler writes them before wgmma.fence.
-            fence_operands(o);
+                for (int r = 0; r < 4; ++r) dst[kk][r] = pack_bf16(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+        };
+        auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pa[kk]);
-            mbar_wait_warp(smem_u32(&v_full[s]), phase);
+            for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+        };
+        // S_j = Q K_j^T into sc, and / or O += P V_{j-1} from pa, issued together as one step (one
+        // ping-pong turn). The operand registers are fenced so that the compiler writes them before
+        // wgmma.fence and reads the results only after the wait.
+        // K_j's slot back to the producer once S_j is done; after the tile's last S, Q too (the next
+        // tile's Q is loaded while this tile's last P V and epilogue run).
+        auto release_k = [&](int j) {
+            mbar_arrive(smem_u32(&k_empty[(g0 + j) % STAGES]));
+            if (j == n_tiles - 1) mbar_arrive(smem_u32(&q_empty));
+        };
+        auto gemms = [&](bool do_s, int j_s, bool do_pv, int j_pv, uint32_t (&pv)[BN / 16][4], auto&& under_pv) {
+            if (do_s) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
+                fence_operands(sc);
+                mbar_wait_warp(smem_u32(&k_full[(g0 + j_s) % STAGES]), ((g0 + j_s) / STAGES) & 1);
+            }
+            if (do_pv) {
+                fence_operands(o);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pv[kk]);
+                mbar_wait_warp(smem_u32(&v_full[(g0 + j_pv) % STAGES]), ((g0 + j_pv) / STAGES) & 1);
+            }
+            // The descriptors are computed here, from a base the compiler cannot see through: hoisted
+            // out of the loop, the 2 x STAGES x 8 + 8 of them would hold 80 registers for good.
+            uint32_t b = base;
+            asm volatile("" : "+r"(b));
             if (PINGPONG) named_bar_sync(1 + c);
             wgmma_fence();
+            if (do_s) {
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) PV<D>::run(o, pa[kk], P::desc_v(base, s, kk));
+                for (int k = 0; k < D / 16; ++k)
+                    wgmma_ss_m64n128k16(sc, P::desc_q(b, c, k), P::desc_k(b, (g0 + j_s) % STAGES, k));
+                if (OVERLAP) wgmma_commit();                     // its own group: waited for first
+            }
+            if (do_pv) {
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) PV<D>::run(o, pv[kk], P::desc_v(b, (g0 + j_pv) % STAGES, kk));
+            }
             wgmma_commit();
             if (PINGPONG) named_bar_arrive(2 - c);
+            if (OVERLAP && do_s && do_pv) {
+                wgmma_wait<1>();                                 // S_j (the older group) is done
+                fence_operands(sc);
+                release_k(j_s);
+                under_pv();
+                do_s = false;
+            }
             wgmma_wait<0>();
-            fence_operands(o);
+            if (do_s) {
+                fence_operands(sc);
+                release_k(j_s);
+            }
+            if (do_pv) {
+                fence_operands(o);
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pa[kk]);
-            mbar_arrive(smem_u32(&empty[s]));                    // the producer may refill slot s
-        }
+                for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pv[kk]);
+                mbar_arrive(smem_u32(&v_empty[(g0 + j_pv) % STAGES]));   // ... and V slot
+            }
+        };
 
+        // Ping-pong (FA3): the two warpgroups take turns at the tensor cores, so that one's softmax
+        // runs while the other's wgmma's do. In a turn a warpgroup issues S_j and P_{j-1} V_{j-1}
+        // (twice the tensor work of one GEMM: room for the other's softmax), holding the turn
+        // (bar.sync on my barrier 1 + c), which passes to the other right after the issue
+        // (bar.arrive on 2 - c). Consumer 1 hands consumer 0 the first turn.
+        if (PINGPONG && c == 1) named_bar_arrive(1);
+        for (int n = 0;; ++n) {                             // the n-th tile of this CTA
+            mbar_wait_warp(smem_u32(&q_full), n & 1);
+            const int tile = *reinterpret_cast<volatile int*>(&tile_slot);
+            if (tile < 0) break;
+            tile_rows(tile, bh, m0, n_tiles);
+            row_lo = m0 + c * 64 + w * 16 + l / 4;             // this thread's rows: row_lo and row_lo + 8
+            wg_row0 = m0 + c * 64;                              // the warpgroup's first row
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) m_run[h] = -CUDART_INF_F, l_run[h] = 0.f;
+            // Tile j's step: S_j and P_{j-1} V_{j-1} (from pv, one turn), then tile j's softmax into pn.
+            // pv and pn are two register arrays taking turns (unrolled by two below): with the overlap,
+            // P_j is written while P_{j-1} V_{j-1} still reads pv.
+            float alpha[2];
+            auto step = [&](int j, uint32_t (&pv)[BN / 16][4], uint32_t (&pn)[BN / 16][4]) {
+                if (OVERLAP) {
+                    // The softmax of tile j runs while this warpgroup's P_{j-1} V_{j-1} is still on the
+                    // tensor cores: S_j is waited for alone (wait<1>), and o is rescaled only once
+                    // P_{j-1} V_{j-1} has landed (wait<0>).
+                    gemms(true, j, true, j - 1, pv, [&] { softmax(j, pn, alpha); });
+                } else {
+                    gemms(true, j, true, j - 1, pv, [] {});
+                    softmax(j, pn, alpha);
+                }
+                rescale(alpha);
+            };
+            uint32_t pb[BN / 16][4];
+            gemms(true, 0, false, 0, pb, [] {});
+            softmax(0, pa, alpha);                              // (o is 0: no rescale)
+            int j = 1;
+            for (; j + 1 < n_tiles; j += 2) {
+                step(j, pa, pb);
+                step(j + 1, pb, pa);
+            }
+            if (j < n_tiles) {
+                step(j, pa, pb);
+                gemms(false, 0, true, n_tiles - 1, pb, [] {});
+            } else {
+                gemms(false, 0, true, n_tiles - 1, pa, [] {});
+            }
+            // ---- epilogue: O = o / l straight from registers (rows < S), L = (m + log2 l) ln 2
+            const float LN2 = 0.6931471805599453f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float lt = l_run[h];
+                lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+                lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+                const float inv = lt > 0.f ? 1.f / lt : 0.f;
+                const int row = row_lo + 8 * h;
+                if (row < S) {
+                    __nv_bfloat16* orow = O + ((size_t)bh * S + row) * D;
+#pragma unroll
+                    for (int jj = 0; jj < D / 8; ++jj)
+                        store2(orow + 8 * jj + 2 * (l % 4), o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+                    if (l % 4 == 0)
+                        L[(size_t)bh * S + row] = lt > 0.f ? (m_run[h] + __log2f(lt)) * LN2 : -CUDART_INF_F;
+                }
+            }
+            g0 += n_tiles;
+        }
         // Consumer 1's last arrive on barrier 1 is still pending: consumer 0 takes it, so both
         // named barriers end the block with every arrive matched.
         if (PINGPONG && c == 0) named_bar_sync(1);
-
-        // ---- epilogue: O = o / l straight from registers (rows < S), L = (m + log2 l) ln 2
-        const float LN2 = 0.6931471805599453f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float lt = l_run[h];
-            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
-            const int row = row_lo + 8 * h;
-            if (row < S) {
-                __nv_bfloat16* orow = O + ((size_t)bh * S + row) * D;
-#pragma unroll
-                for (int jj = 0; jj < D / 8; ++jj)
-                    store2(orow + 8 * jj + 2 * (l % 4), o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
-                if (l % 4 == 0)
-                    L[(size_t)bh * S + row] = lt > 0.f ? (m_run[h] + __log2f(lt)) * LN2 : -CUDART_INF_F;
-            }
-        }
     }
     // END TODO(a07 7c)
 #else
@@ -562,6 +695,16 @@ inline bool make_map(CUtensorMap* map, const void* ptr, int BH, int S, int D, in
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The persistent kernel's tile counters (zero when the module loads; each launch leaves its
+// counter at zero again). Launches take them in turn, so that launches running at the same time
+// on different streams (up to COUNTERS of them) never share one.
+constexpr int COUNTERS = 64;
+__device__ int tile_counters[COUNTERS];
+inline int next_counter() {
+    static std::atomic<unsigned> n{0};
+    return (int)(n.fetch_add(1, std::memory_order_relaxed) % COUNTERS);
+}
+
 template <int D, bool CAUSAL>
 cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* lse, int BH, int S,
                    cudaStream_t stream) {
@@ -576,9 +719,18 @@ cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* 
         configured = true;
     }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    const dim3 grid((S + BM - 1) / BM, BH);
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const long long tiles = (long long)((S + BM - 1) / BM) * BH;
+    if (tiles > INT_MAX / 2) return cudaErrorInvalidValue;
+    const int grid = (int)std::min<long long>(tiles, std::max(sms, 1));   // persistent: one CTA per SM
+    int* counter = nullptr;
+    cudaError_t e = cudaGetSymbolAddress(reinterpret_cast<void**>(&counter), tile_counters);
+    if (e != cudaSuccess) return e;
+    counter += next_counter();
     kernel<<<grid, THREADS, Cfg<D>::SMEM_BYTES, stream>>>(map_q, map_k, map_v, static_cast<__nv_bfloat16*>(o), lse,
-                                                          S, scale_log2);
+                                                          S, BH, scale_log2, counter);
     return cudaGetLastError();
 }
 

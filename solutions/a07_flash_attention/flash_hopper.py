@@ -54,6 +54,9 @@ def _op():
     if os.environ.get("A07C_NO_PINGPONG") == "1":   # the schedule's before/after (a07c_run.sh)
         flags.append("-DA07C_NO_PINGPONG")
         name += "_nopp"
+    if os.environ.get("A07C_NO_OVERLAP") == "1":    # softmax not under the same warpgroup's P V (a07c_run.sh)
+        flags.append("-DA07C_NO_OVERLAP")
+        name += "_nooverlap"
     load_op(name, SOURCES, namespace=NAMESPACE, extra_cuda_cflags=flags)
     return getattr(torch.ops, NAMESPACE).attention_fwd_hopper
 

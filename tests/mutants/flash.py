@@ -44,6 +44,8 @@ MUTANTS = [
     Mutant(S, H, "7c ragged last key tile unmasked", [("if (col >= S || (CAUSAL && col > row)) sc[i] = -CUDART_INF_F;",
                                                        "if (CAUSAL && col > row) sc[i] = -CUDART_INF_F;")], gpu=True, tests=H_TESTS),
     Mutant(S, H, "7c L in log2 units", [("(m_run[h] + __log2f(lt)) * LN2", "(m_run[h] + __log2f(lt))")], gpu=True, tests=H_TESTS),
+    Mutant(S, H, "7c tile counter not reset after a launch", [("if (f == total - 1) atomicExch(tile_counter, 0);", "")],
+           gpu=True, tests=H_TESTS),
     Mutant(S, H, "7c row max over 2 of its 4 lanes",
            [("mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));", "")], gpu=True, tests=H_TESTS),
 ]

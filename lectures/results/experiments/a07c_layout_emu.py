@@ -155,49 +155,91 @@ class MBar:
         return (self.phase & 1) != parity
 
 
-def check_barriers(STAGES, PANELS, Q_BYTES, KV_BYTES, n_tiles, rng):
+def check_barriers(STAGES, PANELS, Q_BYTES, KV_BYTES, tiles, rng):
     """The kernel's producer / consumer protocol (its loops, re-typed) under a random schedule, TMA
     completions delayed at random: no deadlock, no slot refilled while a consumer reads it, every
-    tile read only once all its bytes landed and the slot holds that tile."""
-    q_full = MBar(1); k_full = [MBar(1) for _ in range(STAGES)]; v_full = [MBar(1) for _ in range(STAGES)]
-    empty = [MBar(2 * 128) for _ in range(STAGES)]
-    landed = {}                                               # (K or V, slot) -> [tile, boxes landed]
-    reading = [set() for _ in range(STAGES)]                  # consumers inside slot s
+    tile read only once all its bytes landed and the slot holds that tile. One persistent CTA
+    walks work tiles of len(tiles[i]) key tiles each (then the "none left" sentinel); the K/V ring
+    index runs on across them. K and V slots are released apart (k_empty / v_empty): K_j once S_j
+    is done, V_{j-1} in the same step (S_j and P_{j-1} V_{j-1} are one step); Q after a work
+    tile's last S (q_empty), when the producer publishes the next tile (tile_slot) and its Q; the
+    producer stays until the last V tile is released."""
+    q_full, q_empty = MBar(1), MBar(2 * 128)
+    full = {w: [MBar(1) for _ in range(STAGES)] for w in "KV"}
+    empty = {w: [MBar(2 * 128) for _ in range(STAGES)] for w in "KV"}
+    landed = {}                                               # (K or V, slot) -> [ring index, boxes landed]
+    reading = {(w, s): set() for w in "KV" for s in range(STAGES)}   # consumers inside a slot
+    q_state = {"tile": None, "boxes": 0, "readers": set()}   # the Q buffer: which work tile, boxes landed
+    slot = {"tile": None}                                     # tile_slot
     inflight = []                                             # pending TMA completions: (barrier, bytes, key)
 
-    def holds(key, j):
-        return landed.get(key) == [j, PANELS]
+    def holds(key, g):
+        return landed.get(key) == [g, PANELS]
 
     def producer():
-        q_full.arrive(expect_tx=Q_BYTES)
-        inflight.extend((q_full, Q_BYTES // PANELS, None) for _ in range(PANELS))
-        for j in range(n_tiles):
-            s, phase = j % STAGES, (j // STAGES) & 1
-            while not empty[s].try_wait(phase ^ 1):
+        g = 0
+        for i in range(len(tiles) + 1):
+            while not q_empty.try_wait((i & 1) ^ 1):
                 yield
-            assert not reading[s], f"producer refills slot {s} (tile {j}) while consumers {reading[s]} read it"
-            for what, bar in (("K", k_full[s]), ("V", v_full[s])):
-                landed[(what, s)] = [j, 0]
-                bar.arrive(expect_tx=KV_BYTES)
-                inflight.extend((bar, KV_BYTES // PANELS, (what, s)) for _ in range(PANELS))
-            yield
+            assert not q_state["readers"], f"producer reloads Q (tile {i}) while consumers {q_state['readers']} read it"
+            if i == len(tiles):
+                slot["tile"] = -1
+                q_full.arrive()                                # no bytes: none left
+                break
+            slot["tile"] = i
+            q_state.update(tile=i, boxes=0)
+            q_full.arrive(expect_tx=Q_BYTES)
+            inflight.extend((q_full, Q_BYTES // PANELS, "Q") for _ in range(PANELS))
+            for _j in range(tiles[i]):
+                s, phase = g % STAGES, (g // STAGES) & 1
+                for what in "KV":
+                    while not empty[what][s].try_wait(phase ^ 1):
+                        yield
+                    assert not reading[(what, s)], \
+                        f"producer refills {what} slot {s} (ring index {g}) while consumers {reading[(what, s)]} read it"
+                    landed[(what, s)] = [g, 0]
+                    full[what][s].arrive(expect_tx=KV_BYTES)
+                    inflight.extend((full[what][s], KV_BYTES // PANELS, (what, s)) for _ in range(PANELS))
+                    yield
+                g += 1
+        if g:
+            while not empty["V"][(g - 1) % STAGES].try_wait(((g - 1) // STAGES) & 1):
+                yield
 
     def consumer(c):
-        while not q_full.try_wait(0):
-            yield
-        for j in range(n_tiles):
-            s, phase = j % STAGES, (j // STAGES) & 1
-            while not k_full[s].try_wait(phase):
+        g0 = 0
+        for i in range(len(tiles) + 1):
+            while not q_full.try_wait(i & 1):
                 yield
-            assert holds(("K", s), j), f"consumer {c}: slot {s} holds K {landed.get(('K', s))}, expected tile {j}"
-            reading[s].add(c)
-            yield
-            while not v_full[s].try_wait(phase):
-                yield
-            assert holds(("V", s), j), f"consumer {c}: slot {s} holds V {landed.get(('V', s))}, expected tile {j}"
-            yield
-            reading[s].discard(c)
-            empty[s].arrive(128)                               # every thread of the warpgroup
+            tile = slot["tile"]
+            assert tile == (i if i < len(tiles) else -1), f"consumer {c}: tile_slot {tile}, expected tile {i}"
+            if tile < 0:
+                return
+            assert q_state["tile"] == i and q_state["boxes"] == PANELS, f"consumer {c}: Q not landed for tile {i}"
+            n = tiles[i]
+            for j in range(n + 1):                   # step j: S_j (j < n) and P_{j-1} V_{j-1} (j > 0)
+                uses = ([("K", j)] if j < n else []) + ([("V", j - 1)] if j > 0 else [])
+                for what, jj in uses:
+                    s, phase = (g0 + jj) % STAGES, ((g0 + jj) // STAGES) & 1
+                    while not full[what][s].try_wait(phase):
+                        yield
+                    assert holds((what, s), g0 + jj), \
+                        f"consumer {c}: {what} slot {s} holds {landed.get((what, s))}, expected ring index {g0 + jj}"
+                    reading[(what, s)].add(c)
+                if j < n:
+                    q_state["readers"].add(c)
+                yield                                # the wgmma's read the slots (and Q)
+                for what, jj in uses:
+                    s = (g0 + jj) % STAGES
+                    assert holds((what, s), g0 + jj), f"consumer {c}: {what} slot {s} refilled under its wgmma"
+                    reading[(what, s)].discard(c)
+                    empty[what][s].arrive(128)       # every thread of the warpgroup
+                if j < n:
+                    assert q_state["tile"] == i, f"consumer {c}: Q reloaded under its wgmma"
+                    q_state["readers"].discard(c)
+                    if j == n - 1:
+                        q_empty.arrive(128)          # the tile's last S: Q may be reloaded
+            g0 += n
 
     actors = [producer(), consumer(0), consumer(1)]
     for _ in range(200000):
@@ -211,10 +253,12 @@ def check_barriers(STAGES, PANELS, Q_BYTES, KV_BYTES, n_tiles, rng):
                 actors.pop(i)
         else:
             bar, nbytes, key = inflight.pop(i - len(actors))
-            if key is not None:
+            if key == "Q":
+                q_state["boxes"] += 1
+            else:
                 landed[key][1] += 1                             # the box's bytes are in shared memory
             bar.complete_tx(nbytes)
-    raise AssertionError(f"deadlock: STAGES={STAGES} n_tiles={n_tiles}")
+    raise AssertionError(f"deadlock: STAGES={STAGES} tiles={tiles}")
 
 
 def run(cfg, q, k, v, causal, heads):
@@ -316,9 +360,11 @@ def main():
         cfg = next(c for c in cfgs if c["D"] == D)
         for n_tiles in range(1, 3 * cfg["STAGES"] + 2):
             for _ in range(20 if args.quick else 60):
-                check_barriers(cfg["STAGES"], cfg["PANELS"], cfg["Q_BYTES"], cfg["KV_BYTES"], n_tiles, rng)
+                # a persistent CTA: work tiles of n_tiles key tiles, then of random lengths
+                tiles = [n_tiles] + [int(x) for x in rng.integers(1, 3 * cfg["STAGES"] + 2, int(rng.integers(0, 4)))]
+                check_barriers(cfg["STAGES"], cfg["PANELS"], cfg["Q_BYTES"], cfg["KV_BYTES"], tiles, rng)
     print("barrier protocol: no deadlock, no slot refilled while read, every tile read after it landed "
-          "(random schedules, 1..3*STAGES+1 tiles)")
+          "(random schedules, 1-4 work tiles of 1..3*STAGES+1 key tiles per CTA)")
     print(f"host check: {len(cfgs)} (D, B*H, S) plans, tensor maps within the driver's limits, "
           "expect-tx = the boxes' bytes")
     rng = np.random.default_rng(0)
