@@ -12,7 +12,8 @@
 #                 own error, S in {1, 17, 128, 1000, 4096}, d 64/128, causal/not, bad inputs)
 # 3. memcheck.log compute-sanitizer --tool memcheck on small ragged cases (d 64/128, causal/not)
 # 4. bench.log + a07c_flash_hopper.csv/.md: TFLOP/s vs SDPA, bf16, d = 128, S = 2048..16384; then
-#    the same without the ping-pong schedule (A07C_NO_PINGPONG=1, its own build), into bench.log
+#    the same for each build in $VARIANTS (without the intra-warpgroup overlap, without the
+#    ping-pong schedule; each its own build), and the default once more, into bench.log
 # 5. stubs.log    the graded tests on assignments/ (the untouched stub): every one must fail
 # 6. mutants.log  tests/mutants/flash.py's 7c mutants, each caught by the graded tests
 # 7. ncu_s4096_d128.txt  Nsight Compute, this kernel and SDPA's at S = 4096, d = 128, non-causal
@@ -34,7 +35,8 @@ rm -f "$OUT/smoke_case"
     > /tmp/a07c_debug_build.log 2>&1 ) &
 DBG_PID=$!
 # The variants the bench compares (each its own build and process), built meanwhile too.
-for V in A07C_NO_OVERLAP A07C_NO_PINGPONG; do
+VARIANTS="A07C_NO_OVERLAP A07C_NO_PINGPONG"
+for V in $VARIANTS; do
   ( env $V=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
       > /tmp/a07c_build_$V.log 2>&1 ) &
 done
@@ -120,12 +122,11 @@ if [ -f "$OUT/smoke_case" ]; then
 else
   step "bench" | tee "$OUT/bench.log"
   timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
-  step "bench without the softmax under the same warpgroup's P V (A07C_NO_OVERLAP=1: its own build)" | tee -a "$OUT/bench.log"
-  A07C_NO_OVERLAP=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_nooverlap 2>&1 \
-    | tee -a "$OUT/bench.log" | tail -14
-  step "bench without the ping-pong schedule (A07C_NO_PINGPONG=1: its own build)" | tee -a "$OUT/bench.log"
-  A07C_NO_PINGPONG=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_nopp 2>&1 \
-    | tee -a "$OUT/bench.log" | tail -14
+  for V in $VARIANTS; do   # A07C_NO_OVERLAP: the softmax not under the same warpgroup's P V; A07C_NO_PINGPONG: no schedule
+    step "bench, the $V=1 build" | tee -a "$OUT/bench.log"
+    env $V=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_$V 2>&1 \
+      | tee -a "$OUT/bench.log" | tail -14
+  done
   step "bench again, the default build (second round: clocks)" | tee -a "$OUT/bench.log"
   timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_again 2>&1 | tee -a "$OUT/bench.log" | tail -14
 fi

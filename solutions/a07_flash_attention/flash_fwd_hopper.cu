@@ -34,13 +34,13 @@
 //     P_{j-1} V_{j-1} is still on the tensor cores (wait<1> for S_j alone; P_j into a second
 //     register array; o rescaled after wait<0>).
 //
-// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.93-1.11x SDPA, 0.94-1.02x in a
+// H100, bf16, d = 128, S 2048-16384 (lectures/results/a07c/): 0.95-1.08x SDPA, 0.96-1.07x in a
 // second round (one CTA per tile, before persistence and the two overlaps: 0.88-0.98x). Causal
-// and S = 2048 are at 0.99-1.11x; non-causal S >= 4096 stays at 0.93-0.98x. Nsight Compute at
-// S = 4096 non-causal: both grids are 132 persistent CTAs; the tensor (shared) pipe is 68 % busy
-// here, 73 % in SDPA's kernel (61 % before). Left to try: BN = 176 (FA3's tile at d = 128: more
-// GEMM per softmax and per barrier round), the epilogue through shared memory + a TMA store; at
-// d = 64, 3 consumer warpgroups. (A 3-deep K/V ring at d = 128 measured the same as this 2-deep one.)
+// and S = 2048 are at 1.00-1.08x; non-causal S >= 4096 is at 0.95-1.07x (below 1.0x at S = 8192 or
+// 16384 in each round). Nsight Compute at S = 4096 non-causal: both grids are 132 persistent
+// CTAs; the tensor (shared) pipe is 69 % busy here, 73 % in SDPA's kernel (61 % before). Left to
+// try: BN = 176 (FA3's tile at d = 128: more GEMM per softmax and per barrier round), the
+// epilogue through shared memory + a TMA store; at d = 64, 3 consumer warpgroups. (A 3-deep K/V ring at d = 128 measured the same as this 2-deep one.)
 // Register budget: S, O and both P arrays are 192 registers a thread at the overlap. ptxas gives
 // the consumers the 240 of setmaxnreg only if no trap is reachable from their code: a watchdog
 // (__trap) in their barrier waits had it spill P and serialise every wgmma (C7512) at 168.
@@ -547,21 +547,17 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
                 for (int kk = 0; kk < BN / 16; ++kk) fence_operands(pv[kk]);
                 mbar_wait_warp(smem_u32(&v_full[(g0 + j_pv) % STAGES]), ((g0 + j_pv) / STAGES) & 1);
             }
-            // The descriptors are computed here, from a base the compiler cannot see through: hoisted
-            // out of the loop, the 2 x STAGES x 8 + 8 of them would hold 80 registers for good.
-            uint32_t b = base;
-            asm volatile("" : "+r"(b));
             if (PINGPONG) named_bar_sync(1 + c);
             wgmma_fence();
             if (do_s) {
 #pragma unroll
                 for (int k = 0; k < D / 16; ++k)
-                    wgmma_ss_m64n128k16(sc, P::desc_q(b, c, k), P::desc_k(b, (g0 + j_s) % STAGES, k));
+                    wgmma_ss_m64n128k16(sc, P::desc_q(base, c, k), P::desc_k(base, (g0 + j_s) % STAGES, k));
                 if (OVERLAP) wgmma_commit();                     // its own group: waited for first
             }
             if (do_pv) {
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) PV<D>::run(o, pv[kk], P::desc_v(b, (g0 + j_pv) % STAGES, kk));
+                for (int kk = 0; kk < BN / 16; ++kk) PV<D>::run(o, pv[kk], P::desc_v(base, (g0 + j_pv) % STAGES, kk));
             }
             wgmma_commit();
             if (PINGPONG) named_bar_arrive(2 - c);
@@ -706,7 +702,7 @@ inline int next_counter() {
 }
 
 template <int D, bool CAUSAL>
-cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* lse, int BH, int S,
+cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* lse, int BH, int S, int sms,
                    cudaStream_t stream) {
     CUtensorMap map_q, map_k, map_v;
     if (!make_map(&map_q, q, BH, S, D, BM) || !make_map(&map_k, k, BH, S, D, BN) || !make_map(&map_v, v, BH, S, D, BN))
@@ -719,9 +715,6 @@ cudaError_t launch(const void* q, const void* k, const void* v, void* o, float* 
         configured = true;
     }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     const long long tiles = (long long)((S + BM - 1) / BM) * BH;
     if (tiles > INT_MAX / 2) return cudaErrorInvalidValue;
     const int grid = (int)std::min<long long>(tiles, std::max(sms, 1));   // persistent: one CTA per SM
@@ -749,6 +742,8 @@ cudaError_t launch_attention_fwd_hopper(const void* q, const void* k, const void
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return cudaErrorNotSupported;
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
 #ifndef A07C_SM90A
     return cudaErrorNotSupported;  // the kernel was compiled without the sm_90a target
 #endif
@@ -756,7 +751,9 @@ cudaError_t launch_attention_fwd_hopper(const void* q, const void* k, const void
         ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
           reinterpret_cast<uintptr_t>(o)) & 15))
         return cudaErrorInvalidValue;
-    if (D == 64) return causal ? launch<64, true>(q, k, v, o, lse, BH, S, stream) : launch<64, false>(q, k, v, o, lse, BH, S, stream);
-    if (D == 128) return causal ? launch<128, true>(q, k, v, o, lse, BH, S, stream) : launch<128, false>(q, k, v, o, lse, BH, S, stream);
+    if (D == 64) return causal ? launch<64, true>(q, k, v, o, lse, BH, S, sms, stream)
+                      : launch<64, false>(q, k, v, o, lse, BH, S, sms, stream);
+    if (D == 128) return causal ? launch<128, true>(q, k, v, o, lse, BH, S, sms, stream)
+                      : launch<128, false>(q, k, v, o, lse, BH, S, sms, stream);
     return cudaErrorInvalidValue;
 }

@@ -116,7 +116,7 @@ static void check(int BH, int S, bool first) {
     // The maps exactly as launch() encodes them (without a GPU it then fails at
     // cudaFuncSetAttribute, before any launch): Q, K, V in that order.
     recorded.clear();
-    launch<D, false>(dummy[0], dummy[1], dummy[2], dummy[3], nullptr, BH, S, 0);
+    launch<D, false>(dummy[0], dummy[1], dummy[2], dummy[3], nullptr, BH, S, 132, 0);
     REQUIRE(recorded.size() == 3, "launch encoded %zu tensor maps, expected 3 (Q, K, V)\n", recorded.size());
     if (recorded.size() != 3) return;
     const Recorded mq = recorded[0], mk = recorded[1], mv = recorded[2];
