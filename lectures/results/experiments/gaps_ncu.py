@@ -1,6 +1,6 @@
 """Issue #12: Nsight Compute at the shapes where the reference kernels miss their floors.
 
-    OUT=/some/dir bash lectures/results/experiments/gaps_ncu.sh     # H100, about 4 minutes
+    OUT=/some/dir bash lectures/results/experiments/gaps_ncu.sh     # H100, about 2 minutes
     python3 lectures/results/experiments/gaps_ncu.py CASE            # the profiled program (ncu runs it)
     python3 lectures/results/experiments/gaps_ncu.py --summary DIR   # the table, from DIR/gaps_ncu_*.csv
 
