@@ -24,7 +24,7 @@ writes. See the handout (README.md) for the arithmetic.
     python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100
-(`bench.py --sweep`); `with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=`
+(`bench.py --sweep`), and for 16-bit d = 128 per length (HALF_D128, from the real-shape sweep); `with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=`
 force one config, `poison=True` NaN-fills the outputs first (tests); the interpreter uses small tiles.
 """
 from __future__ import annotations
@@ -337,6 +337,15 @@ else:
     CONFIGS = {"fwd": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)},
                "dkdv": {64: _cfg(32, 128, 4, 4), 128: _cfg(64, 128, 8, 3)},
                "dq": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)}}
+#: 16-bit inputs at d = 128 on the GPU, before the table: (longest N_Q or None for any, config), the
+#: first that fits the call wins. From the real-shape sweep's losing shapes (H100, each kernel timed
+#: alone over a config grid: lectures/results/experiments/a07_shapes_try.md): dK/dV in 64x64 tiles,
+#: 4 warps, 2 stages at every length (the table's 64x128 sits at 255 registers and spills when
+#: causal; 5-10 % faster backward at S = 512-4096); the forward in 64x64 tiles, 4 warps, 3 stages up
+#: to 1024 queries (more, smaller programs: S = 512 0.61x -> 0.67x SDPA; at 1000-2048 non-causal it
+#: was 2-7 % slower than the table's 128x64, lectures/results/a07_real_shapes.md), 128x64 beyond.
+#: fp32 keeps the table (a 64x64 forward with 3 stages of fp32 K and V would not fit in shared memory).
+HALF_D128 = {"fwd": [(1024, _cfg(64, 64, 4, 3))], "dkdv": [(None, _cfg(64, 64, 4, 2))]}
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
 FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
 DKDV_TUNE = _configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)])
@@ -374,15 +383,21 @@ def launch_options(**options):
         _options.pop()
 
 
-def _kernel(fn, kind: str, d: int):
-    """(kernel, launch kwargs) for one of the three tiled kernels."""
+def _kernel(fn, kind: str, d: int, n: int, dtype: torch.dtype):
+    """(kernel, launch kwargs) for one of the three tiled kernels, at head dim d and N_Q = n."""
     opts = _options[-1]
     if opts.tune:
         if fn not in _tuned:
             tune = {"fwd": FWD_TUNE, "dkdv": DKDV_TUNE, "dq": DQ_TUNE}[kind]
             _tuned[fn] = triton.autotune(tune, key=_KEY)(fn)
         return _tuned[fn], {}
-    return fn, dict(getattr(opts, kind) or CONFIGS[kind][64 if d <= 64 else 128])
+    if getattr(opts, kind):
+        return fn, dict(getattr(opts, kind))
+    if d > 64 and dtype.itemsize == 2 and not TRITON_INTERPRET:
+        for longest, cfg in HALF_D128.get(kind, []):
+            if longest is None or n <= longest:
+                return fn, dict(cfg)
+    return fn, dict(CONFIGS[kind][64 if d <= 64 else 128])
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -436,7 +451,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o = _new(q.shape, q)
     lse = _new(q.shape[:-1], q, torch.float32)
     o4 = _as4d(o)
-    kernel, cfg = _kernel(_attn_fwd, "fwd", d)
+    kernel, cfg = _kernel(_attn_fwd, "fwd", d, nq, q.dtype)
     grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
     if q.dtype == torch.float32 and not allow_tf32 and not TRITON_INTERPRET:
         # A compile option: with TF32 not allowed, tl.dot's default precision for fp32 is IEEE
@@ -457,7 +472,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
     sm_scale = 1.0 / math.sqrt(d)
     args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
-    (dkdv, dkdv_cfg), (dq_kernel, dq_cfg) = _kernel(_attn_bwd_dkdv, "dkdv", d), _kernel(_attn_bwd_dq, "dq", d)
+    (dkdv, dkdv_cfg), (dq_kernel, dq_cfg) = (_kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype),
+                                             _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
     launches = [
         (_attn_bwd_delta, (triton.cdiv(nq, 64), Z * H), (o4, do4, delta, *o4.stride(), *do4.stride(), H, nq),
          dict(HEAD_DIM=d, BLOCK_M=64)),
