@@ -15,7 +15,9 @@ calls each once more between cudaProfilerStart/Stop: that call is what ncu profi
   mm_mlpdown8192    GPT-2 small MLP-down at T = 8192: [8192, 3072] x [3072, 768], Triton 0.78x
   mm_proj8192       GPT-2 small attention projection at T = 8192: [8192, 768] x [768, 768], Triton 0.77x
   attn_fwd512       attention forward S = 512, d = 128, non-causal, B·H = 512: Triton 0.61x SDPA
+                    (0.68x after the 64x64 forward tiles of HALF_D128)
   attn_fb1537       attention forward + backward S = 1537, d = 128, causal, B·H = 160: Triton 0.70x
+                    (0.73x after)
 
 The summary prints one line per kernel: time, the tensor pipe's busy share (of the whole run and of
 the cycles the SM had work), how busy the SMs were, issue slots busy, grid, block, registers,
