@@ -23,9 +23,10 @@ writes. See the handout (README.md) for the arithmetic.
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
     python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
-Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100
-(`bench.py --sweep`), and for 16-bit d = 128 per length (HALF_D128, from the real-shape sweep); `with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=`
-force one config, `poison=True` NaN-fills the outputs first (tests); the interpreter uses small tiles.
+Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100 (`bench.py --sweep`),
+and for 16-bit d = 128 a choice per length (HALF_D128, from the real-shape sweep);
+`with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=` force one config,
+`poison=True` NaN-fills the outputs first (tests); the interpreter uses small tiles.
 """
 from __future__ import annotations
 
@@ -341,10 +342,10 @@ else:
 #: first that fits the call wins. From the real-shape sweep's losing shapes (H100, each kernel timed
 #: alone over a config grid: lectures/results/experiments/a07_shapes_try.md): dK/dV in 64x64 tiles,
 #: 4 warps, 2 stages at every length (the table's 64x128 sits at 255 registers and spills when
-#: causal; 5-10 % faster backward at S = 512-4096); the forward in 64x64 tiles, 4 warps, 3 stages up
-#: to 1024 queries (more, smaller programs: S = 512 0.61x -> 0.67x SDPA; at 1000-2048 non-causal it
-#: was 2-7 % slower than the table's 128x64, lectures/results/a07_real_shapes.md), 128x64 beyond.
-#: fp32 keeps the table (a 64x64 forward with 3 stages of fp32 K and V would not fit in shared memory).
+#: causal; the backward up to 11 % faster at S <= 1537, unchanged beyond the runs' spread above);
+#: the forward in 64x64 tiles, 4 warps, 3 stages up to 1024 queries (more, smaller programs: S = 512
+#: 0.61x -> 0.68x SDPA; at 1000-2048 non-causal it was 2-7 % slower than the table's 128x64), 128x64
+#: beyond (lectures/results/a07_real_shapes.md). fp32 keeps the table (these tiles not measured).
 HALF_D128 = {"fwd": [(1024, _cfg(64, 64, 4, 3))], "dkdv": [(None, _cfg(64, 64, 4, 2))]}
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
 FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
