@@ -25,7 +25,6 @@ achieved warps per SM, and the three largest warp-stall reasons (cycles per issu
 """
 from __future__ import annotations
 
-import csv
 import re
 import sys
 from pathlib import Path
@@ -79,45 +78,39 @@ def profile(case: str) -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def _num(x: str) -> float | None:
-    try:
-        return float(x.replace(",", ""))
-    except (AttributeError, ValueError):
-        return None
-
-
 def summary(folder: Path) -> str:
-    """One line per kernel from the raw CSVs. "tensor % elapsed" is the tensor pipe's busy share of
-    the kernel's whole duration on an average SM; "tensor % active" the same over the cycles that SM
-    had work; "SM busy %" = SM active cycles / elapsed cycles (what idle SMs, e.g. a part-full last
-    wave, cost). Stalls: warp-cycles per issued instruction, the three largest reasons."""
+    """One line per kernel from the raw CSVs (read by common.ncu.parse_raw_csv). "tensor % elapsed" is
+    the tensor pipe's busy share of the kernel's whole duration on an average SM; "tensor % active"
+    the same over the cycles that SM had work; "SM busy %" = SM active cycles / elapsed cycles (what
+    idle SMs, e.g. a part-full last wave, cost). Stalls: warp-cycles per issued instruction, the three
+    largest reasons."""
+    from common.ncu import parse_raw_csv
     lines = ["| case | kernel | time us | tensor % elapsed | tensor % active | SM busy % | issue % | grid | block "
              "| regs | warps/SM % | top stalls (cycles per instruction) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     stall = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+    pct = lambda x: "?" if x is None else f"{x:.0f}"           # noqa: E731
+    count = lambda x: "?" if x is None else f"{x:,.0f}"        # noqa: E731
     for case in CASES:
         path = folder / f"gaps_ncu_{case}.csv"
-        rows = list(csv.DictReader(l for l in path.open() if l.startswith('"'))) if path.exists() else []
-        if len(rows) < 2:
+        kernels = parse_raw_csv(path.read_text()) if path.exists() else []
+        if not kernels:
             lines.append(f"| {case} | (no report) |" + " |" * 10)
             continue
-        units, rows = rows[0], rows[1:]
-        for r in rows:
-            num = lambda key: _num(r.get(key, ""))  # noqa: E731
-            t = num("gpu__time_duration.sum")
-            t_us = t / 1000 if t is not None and units.get("gpu__time_duration.sum") == "nsecond" else t
-            active, elapsed = num("sm__cycles_active.avg"), num("gpc__cycles_elapsed.max")
+        for k in kernels:
+            t_us = k.get("gpu__time_duration.sum") * 1e6       # parse_raw_csv gives seconds
+            active, elapsed = k.get("sm__cycles_active.avg"), k.get("gpc__cycles_elapsed.max")
             busy = 100 * active / elapsed if active and elapsed else None
-            stalls = sorted(((_num(v) or 0.0, stall.match(key).group(1)) for key, v in r.items()
-                             if key and stall.match(key)), reverse=True)[:3]
-            f1 = lambda x: "?" if x is None else f"{x:.0f}"  # noqa: E731
+            stalls = sorted(((v or 0.0, stall.match(name).group(1)) for name, v in k.metrics.items()
+                             if stall.match(name)), reverse=True)[:3]
             lines.append(
-                f"| {case} | {r['Kernel Name'][:48]} | {f1(t_us) if t_us and t_us >= 100 else f'{t_us:.1f}'} | "
-                f"{f1(num('sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed'))} | "
-                f"{f1(num('sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active'))} | {f1(busy)} | "
-                f"{f1(num('sm__issue_active.avg.pct_of_peak_sustained_elapsed'))} | {r.get('launch__grid_size', '?')} | "
-                f"{r.get('launch__block_size', '?')} | {r.get('launch__registers_per_thread', '?')} | "
-                f"{f1(num('sm__warps_active.avg.pct_of_peak_sustained_active'))} | "
+                f"| {case} | {k.name[:48]} | {pct(t_us) if t_us >= 100 else f'{t_us:.1f}'} | "
+                f"{pct(k.get('sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed'))} | "
+                f"{pct(k.get('sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active'))} | {pct(busy)} | "
+                f"{pct(k.get('sm__issue_active.avg.pct_of_peak_sustained_elapsed'))} | "
+                f"{count(k.get('launch__grid_size'))} | {count(k.get('launch__block_size'))} | "
+                f"{count(k.get('launch__registers_per_thread'))} | "
+                f"{pct(k.get('sm__warps_active.avg.pct_of_peak_sustained_active'))} | "
                 + ", ".join(f"{name} {val:.1f}" for val, name in stalls) + " |")
     return "\n".join(lines)
 
