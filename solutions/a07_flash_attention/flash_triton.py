@@ -392,8 +392,9 @@ def _kernel(fn, kind: str, d: int, n: int, dtype: torch.dtype):
             tune = {"fwd": FWD_TUNE, "dkdv": DKDV_TUNE, "dq": DQ_TUNE}[kind]
             _tuned[fn] = triton.autotune(tune, key=_KEY)(fn)
         return _tuned[fn], {}
-    if getattr(opts, kind):
-        return fn, dict(getattr(opts, kind))
+    forced = getattr(opts, kind)
+    if forced:
+        return fn, dict(forced)
     if d > 64 and dtype.itemsize == 2 and not TRITON_INTERPRET:
         for longest, cfg in HALF_D128.get(kind, []):
             if longest is None or n <= longest:
