@@ -137,6 +137,8 @@ class _Launch:
 
 
 _current: list[_Launch] = []       # the launch being interpreted (a stack, to be safe)
+#: Called with each interpreted kernel's name as it launches (common.profiling.trace_ops records them).
+LAUNCH_LISTENERS: list = []
 
 
 def _check(op: str, ptrs, mask) -> None:
@@ -284,7 +286,10 @@ def patch_bounds_check() -> None:
 
     def __call__(self, *args_dev, **kwargs):
         __tracebackhide__ = True     # pytest: show the kernel line, not this wrapper
-        _current.append(_Launch(getattr(self.fn, "__name__", "kernel")))
+        name = getattr(self.fn, "__name__", "kernel")
+        for listener in list(LAUNCH_LISTENERS):
+            listener(name)
+        _current.append(_Launch(name))
         try:
             return call(self, *args_dev, **kwargs)
         except it.InterpreterError as e:
@@ -303,3 +308,10 @@ def patch_bounds_check() -> None:
     executor._init_args_hst = _init_args_hst
     __call__._course_bounds_check = True
     executor.__call__ = __call__
+    global _LAUNCH_CODE
+    _LAUNCH_CODE = __call__.__code__
+
+
+#: The code of the launch wrapper above: common.profiling finds it on the stack to know that the
+#: interpreter, not the caller, runs the torch ops it sees (the interpreter's argument copies).
+_LAUNCH_CODE = None

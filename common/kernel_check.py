@@ -4,8 +4,8 @@ A stage asks for a kernel (a Triton program, a CUDA op, a tiled loop): a submiss
 calls the PyTorch op it replaces gets the right numbers because PyTorch computed them, so
 no value test can tell. What each graded callable may not call is written here once, as a
 :class:`Forbidden`, and checked the same way by pytest (:func:`assert_is_kernel`) and by
-the grader's trials (common/grade/worker.py, through :func:`watch`, :func:`called` and
-:func:`launched`):
+the grader's trials (traced in common/grade/worker.py, judged in common/grade/judge.py through
+:func:`forbidden_ops` and :func:`forbidden_kernels`):
 
 * aten ops, from a dispatch trace of the call (``TorchDispatchMode``; CPU and GPU alike):
   ``torch.matmul`` where a matmul kernel was asked for shows as ``aten.mm``;
@@ -29,25 +29,33 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import HAS_CUDA
-from .profiling import OpTrace, profile, trace_ops
+from .profiling import OpTrace, in_interpreted_kernel, profile, trace_ops
 
 # ----------------------------------------------------------------------------- the work, by kind
-#: Prefixes of aten op names. "aten.add." and not "aten.add", which would also match aten.addmm;
-#: "aten.exp." and not "aten.exp", which would also match aten.expand.
-TORCH_ARITH = ("aten.add.", "aten.add_.", "aten.sub", "aten.mul", "aten.div", "aten.tanh", "aten.exp",
-               "aten.gelu", "aten.pow", "aten.addcmul", "aten.sigmoid", "aten.where")
-TORCH_GEMM = ("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear", "aten.baddbmm",
-              "aten.einsum", "aten.dot", "aten.mv", "aten._scaled_mm")
-TORCH_ATTENTION = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention",
-                   "aten._efficient_attention", "aten._cudnn_attention")
-TORCH_NORM = ("aten.native_layer_norm", "aten.layer_norm", "aten.var", "aten.std", "aten.mean", "aten.rsqrt",
-              "aten.sqrt")
-TORCH_GELU = ("aten.gelu", "aten.tanh", "aten.erf", "aten.sigmoid")
+#: aten ops by name: "aten.exp" is the op exp and its in-place form exp_, in any overload
+#: (aten.exp.default, aten.exp_.default, aten.exp.out), never a longer name that starts the same
+#: (aten.expand is a view, aten.expm1 another op). A pattern ending in "*" is a prefix
+#: ("aten._scaled_dot_product*": every fused attention op). See :func:`op_matches`.
+TORCH_ARITH = ("aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.tanh", "aten.exp", "aten.exp2",
+               "aten.expm1", "aten.gelu", "aten.pow", "aten.addcmul", "aten.addcdiv", "aten.sigmoid", "aten.where",
+               "aten.lerp")
+TORCH_GEMM = ("aten.mm", "aten.bmm", "aten.addmm", "aten.addbmm", "aten.matmul", "aten.linear", "aten.baddbmm",
+              "aten.einsum", "aten.dot", "aten.vdot", "aten.mv", "aten.addmv", "aten.tensordot", "aten._scaled_mm")
+TORCH_ATTENTION = ("aten._scaled_dot_product*", "aten.scaled_dot_product*", "aten._flash_attention*",
+                   "aten._efficient_attention*", "aten._cudnn_attention*")
+TORCH_NORM = ("aten.native_layer_norm", "aten.layer_norm", "aten.var", "aten.var_mean", "aten.std", "aten.std_mean",
+              "aten.mean", "aten.rsqrt", "aten.sqrt")
+TORCH_GELU = ("aten.gelu", "aten.tanh", "aten.erf", "aten.erfc", "aten.sigmoid")
 TORCH_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._safe_softmax", "aten._log_softmax", "aten.log_softmax",
-                 "aten.logsumexp", "aten.exp.", "aten.exp_.", "aten.exp2")
-#: Torch-side KV-cache writes (slicing assignment is aten.copy_; the interpreter copies too, so
-#: copy_ only counts on a GPU, where its kernel is also caught by ATEN_KERNELS).
-TORCH_SCATTER = ("aten.index_put", "aten.scatter", "aten.slice_scatter", "aten.select_scatter", "aten.index_copy")
+                 "aten.logsumexp", "aten.exp", "aten.exp2")
+#: Torch-side KV-cache writes: indexed writes, and slice assignment (``cache[b, :, s] = k`` is a
+#: view, then aten.copy_ into it). Under the Triton interpreter the copies the interpreter makes
+#: to run a kernel are not traced (common.profiling), so copy_ counts on the CPU too.
+TORCH_SCATTER = ("aten.index_put", "aten._index_put_impl", "aten.scatter", "aten.scatter_add", "aten.slice_scatter",
+                 "aten.select_scatter", "aten.index_copy", "aten.masked_scatter")
+#: Ops that copy a tensor's data into new memory: a weight read "in place" must not meet one per call.
+TORCH_COPIES = ("aten.clone", "aten._to_copy", "aten.copy", "aten.cat", "aten.stack", "aten.index_select",
+                "aten.gather", "aten.t_copy", "aten.transpose_copy", "aten.permute_copy", "aten.contiguous")
 #: GPU kernel names (substrings, any case) that mean PyTorch / cuBLAS / cuDNN did the work.
 ATEN_KERNELS = ("at::native", "elementwise_kernel")
 BLAS_KERNELS = ("gemm", "xmma", "cutlass", "cublas", "gemv", "splitK")
@@ -102,7 +110,7 @@ ATTENTION_KERNEL = Forbidden(TORCH_ATTENTION + TORCH_GEMM + TORCH_SOFTMAX, ATTN_
 DECODE_ATTENTION = Forbidden(TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
                              ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
 LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNELS)
-WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + (("aten.copy_",) if HAS_CUDA else ()), ATEN_KERNELS)
+WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + ("aten.copy",), ATEN_KERNELS)
 #: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
 #: argmax of generate, copies), so it is checked for the kernels of the work itself only.
 ENGINE = Forbidden(TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX,
@@ -118,19 +126,40 @@ def watch(forbid: Forbidden = NOTHING) -> Iterator[OpTrace]:
         yield t
 
 
+def op_matches(op: str, patterns: tuple[str, ...]) -> bool:
+    """``op`` (as traced: "aten.exp_.default") is one of ``patterns`` (see :data:`TORCH_ARITH`)."""
+    base = ".".join(op.split(".")[:2])               # "aten.exp_"
+    for p in patterns:
+        if p.endswith("*"):
+            if op.startswith(p[:-1]):
+                return True
+        elif base == p or base == p + "_":
+            return True
+    return False
+
+
 def called(trace: OpTrace, forbid: Forbidden) -> list[str]:
     """The forbidden aten ops and torch functions in ``trace``, sorted, each once."""
-    ops = {o for o in trace.ops if forbid.ops and o.startswith(forbid.ops)}
-    return sorted(ops | {f for f in trace.functions if f in forbid.functions})
+    return forbidden_ops(trace.ops, trace.functions, forbid)
+
+
+def forbidden_ops(ops: list[str], functions: list[str], forbid: Forbidden) -> list[str]:
+    """Which of the traced ``ops`` and ``functions`` ``forbid`` refuses, sorted, each once."""
+    bad = {o for o in ops if forbid.ops and op_matches(o, forbid.ops)}
+    return sorted(bad | {f for f in functions if f in forbid.functions})
+
+
+def forbidden_kernels(kernels: list[str], forbid: Forbidden) -> list[str]:
+    """Which GPU kernel names ``forbid`` refuses (substrings, any case)."""
+    pats = [p.lower() for p in forbid.kernels]
+    return [k for k in kernels if any(p in k.lower() for p in pats)]
 
 
 def launched(call: Callable[[], object], forbid: Forbidden) -> list[str]:
     """On a GPU: the forbidden kernels one more call of ``call()`` launches (profiler); [] elsewhere."""
     if not (HAS_CUDA and forbid.kernels):
         return []
-    kernels = profile(call, calls=1, warmup=0).kernels
-    pats = [p.lower() for p in forbid.kernels]
-    return [k for k in kernels if any(p in k.lower() for p in pats)]
+    return forbidden_kernels(profile(call, calls=1, warmup=0).kernels, forbid)
 
 
 def ops_message(what: str, bad: list[str]) -> str:
@@ -162,6 +191,49 @@ def assert_is_kernel(call: Callable[[], object], forbid: Forbidden, what: str, *
         if bad:
             raise NotAKernel(kernels_message(what, bad))
     return out
+
+
+# ----------------------------------------------------------------------------- copies of inputs
+def held_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a layer holds (parameters, buffers, tensor attributes), by name: what it must read
+    in place on every call (:func:`input_copies`)."""
+    held = {n: t for n, t in vars(module).items() if isinstance(t, torch.Tensor)}
+    held.update(dict(module.named_parameters()))
+    held.update(dict(module.named_buffers()))
+    return {n.replace(".", "_"): t for n, t in held.items()}
+
+
+class _Copies(TorchDispatchMode):
+    def __init__(self, watched: dict[str, torch.Tensor], found: list[str]):
+        super().__init__()
+        self.watched, self.found = watched, found
+        self.storages = {n: t.untyped_storage().data_ptr() for n, t in watched.items()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func)
+        if not op_matches(name, TORCH_COPIES) or in_interpreted_kernel():
+            return out
+        sources = args[1:2] if name.startswith("aten.copy") else tree_leaves(args)
+        for src in sources:
+            if not isinstance(src, torch.Tensor) or src.is_meta:
+                continue
+            ptr = src.untyped_storage().data_ptr()
+            for n, t in self.watched.items():
+                if ptr == self.storages[n] and src.numel() >= t.numel() and t.numel():
+                    self.found.append(f"'{n}' {list(t.shape)} by {name}")
+        return out
+
+
+def input_copies(call: Callable[[], object], **watched: torch.Tensor) -> tuple[object, list[str]]:
+    """Run ``call()`` and return (its result, the copies it made of a ``watched`` tensor: a whole
+    weight cloned, made contiguous, cast or concatenated; one line each). Views (``.t()``,
+    ``.view``, ``.expand``) are not copies. Seen through the dispatcher, so on any device; the
+    Triton interpreter's own argument copies are not the call's."""
+    found: list[str] = []
+    with _Copies({n: t for n, t in watched.items() if isinstance(t, torch.Tensor)}, found):
+        out = call()
+    return out, list(dict.fromkeys(found))
 
 
 # ----------------------------------------------------------------------------- memory contracts

@@ -20,6 +20,7 @@ import contextlib
 import gzip
 import json
 import os
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -40,8 +41,15 @@ def _devtype(t: object) -> str | None:
 
 @dataclass
 class OpTrace:
-    """aten ops seen during a call, and the host<->device copies among them."""
+    """aten ops seen during a call, and the host<->device copies among them.
+
+    The ops are those the call itself runs: a custom operator with a Python body
+    (``torch.library.custom_op``) is traced *into*, so a body that calls the PyTorch op it
+    stands for shows; under the Triton interpreter the copies the interpreter makes to run a
+    kernel on the CPU are not the call's and are left out (the kernel shows in ``kernels``)."""
     ops: list[str] = field(default_factory=list)
+    #: Triton kernels launched under the interpreter (CPU): their names, in launch order.
+    kernels: list[str] = field(default_factory=list)
     #: torch-level functions called (``trace_ops(functions=True)``), e.g. "torch.nn.functional.linear",
     #: "torch.addmm", "Tensor.matmul": composite ops such as F.linear leave no aten op of their
     #: own (the dispatcher sees only the addmm they decompose into), but they show here.
@@ -61,6 +69,35 @@ class OpTrace:
         return sum(1 for o in self.ops if o.startswith(names))
 
 
+def _python_custom_op(func, args):
+    """The Python body ``torch.library.custom_op`` registered for ``func`` (for the device of its first
+    tensor argument), or None for an op without one (aten, a C++ kernel)."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:      # an older torch
+        return None
+    schema = getattr(func, "_schema", None)
+    opdef = OPDEFS.get(schema.name) if schema is not None else None
+    if opdef is None:
+        return None
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
+    fns = opdef._backend_fns
+    return fns.get(device) or fns.get(None)
+
+
+def in_interpreted_kernel() -> bool:
+    """True while the Triton interpreter runs a kernel (its argument copies are not the caller's ops)."""
+    patch = sys.modules.get("common.interpreter_patch")
+    if patch is None or not patch._current or patch._LAUNCH_CODE is None:
+        return False
+    f = sys._getframe(1)
+    while f is not None:                 # the launch wrapper is on the stack: the stack entry is real
+        if f.f_code is patch._LAUNCH_CODE:
+            return True
+        f = f.f_back
+    return False
+
+
 class _Tracer(TorchDispatchMode):
     def __init__(self, trace: OpTrace):
         super().__init__()
@@ -68,6 +105,13 @@ class _Tracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if in_interpreted_kernel():
+            return func(*args, **kwargs)
+        body = _python_custom_op(func, args)
+        if body is not None:                 # trace into the op: its torch calls are the call's own
+            self.trace.ops.append(str(func))
+            with self:
+                return body(*args, **kwargs)
         out = func(*args, **kwargs)
         name = str(func)
         if name.startswith("prim."):
@@ -118,6 +162,11 @@ def trace_ops(functions: bool = False) -> Iterator[OpTrace]:
     with contextlib.ExitStack() as stack:
         if functions:
             stack.enter_context(_FunctionTracer(t))
+        patch = sys.modules.get("common.interpreter_patch")
+        if patch is not None:                # the interpreter's launches (CPU): kernel names
+            listener = t.kernels.append
+            patch.LAUNCH_LISTENERS.append(listener)
+            stack.callback(patch.LAUNCH_LISTENERS.remove, listener)
         stack.enter_context(_Tracer(t))
         yield t
 

@@ -13,7 +13,7 @@ from common import DEVICE, HAS_CUDA
 from common import reference as ref
 from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import profile, trace_ops
-from common.testing import assert_close, non_contiguous, randn, randomize_, tiny_gpt2_config
+from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn, randomize_, tiny_gpt2_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp(-2u) -> inf, by design
 
@@ -49,6 +49,13 @@ def test_same_shape_new_values(mod, dtype):
         x = randn(3, 257, dtype=dtype, scale=3.0)
         assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype, scale=x.abs(),
                      name=f"call {i + 1} with the same shape (3, 257) as call 1, new values")
+
+
+def test_fresh_output_each_call(mod):
+    """The same tensor with new values gives the new answer (nothing memoised by address), and the
+    first call's output survives a second call (no output buffer shared by calls)."""
+    assert_fresh_each_call(mod.gelu, {"x": randn(4, 300, scale=3.0)}, ref.gelu_tanh, dtype=torch.float32,
+                           scale=lambda x: x.abs(), name="gelu")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -91,11 +98,13 @@ def test_extreme_values(mod, dtype):
 
 
 def test_one_op_per_call(mod):
-    """Through the dispatcher the call is one op, the custom op (no aten math around it)."""
+    """Through the dispatcher the call is one op, the custom op, with no aten math around it or in it
+    (the trace goes into the op's Python body: its output allocation shows, nothing else)."""
     x = randn(4, 1000)
     with trace_ops() as t:
         y = mod.gelu(x)
-    assert t.ops == [f"{mod.NS}.triton_gelu.default"], t.ops
+    assert t.ops[0] == f"{mod.NS}.triton_gelu.default", t.ops
+    assert all(op.startswith("aten.empty") for op in t.ops[1:]), t.ops
     assert_close(y, ref.gelu_tanh(x), scale=x.abs())
 
 

@@ -51,3 +51,66 @@ def test_calibrated_tolerance():
     assert rel_error(acc, ref) > CALIBRATION[torch.bfloat16] * rel_error(base, ref)
     with pytest.raises(AssertionError, match="PyTorch's own error"):
         assert_as_accurate_as_torch(acc.bfloat16(), ref, base, dtype=torch.bfloat16)
+
+
+ALL_FORBIDDEN = [kc.BIAS_KERNEL, *kc.FUSED_LINEAR.values(), kc.GELU_KERNEL, kc.MATMUL_KERNEL, kc.ATTENTION_TILED,
+                 kc.ATTENTION_KERNEL, kc.DECODE_ATTENTION, kc.LAYERNORM_KERNEL, kc.WRITE_KV, kc.ENGINE]
+
+
+def test_views_in_a_wrapper_are_never_forbidden():
+    """A wrapper's views and reshapes (expand, view, as_strided, transpose, ...) are not the work a kernel
+    replaces: no stage's Forbidden refuses them. Op names are matched whole: "aten.exp" is exp and
+    exp_, never aten.expand (once a prefix, it zeroed a stage for a harmless .expand())."""
+    x = torch.randn(4, 6)
+    with kc.watch() as t:
+        x.expand(3, 4, 6)
+        x[None].expand_as(torch.empty(2, 4, 6))
+        x.view(6, 4)
+        x.reshape(24)
+        x.as_strided((2, 3), (6, 1))
+        x.t().transpose(0, 1)
+        x.unsqueeze(0).squeeze(0)
+        x.permute(1, 0)
+        x.narrow(0, 1, 2)
+        x.flatten()
+        x.unflatten(1, (2, 3))
+        x.select(0, 1)
+        x.detach()
+    assert {"aten.expand.default", "aten.view.default", "aten.as_strided.default"} <= set(t.ops)
+    for forbid in ALL_FORBIDDEN:
+        assert kc.called(t, forbid) == [], (forbid, kc.called(t, forbid))
+
+
+@pytest.mark.parametrize("op,patterns,hit", [
+    ("aten.exp.default", ("aten.exp",), True), ("aten.exp_.default", ("aten.exp",), True),
+    ("aten.expand.default", ("aten.exp",), False), ("aten.expm1.default", ("aten.exp",), False),
+    ("aten.add.Tensor", ("aten.add",), True), ("aten.addmm.default", ("aten.add",), False),
+    ("aten.mul.Tensor", ("aten.mul",), True), ("aten.multinomial.default", ("aten.mul",), False),
+    ("aten.mv.default", ("aten.mv",), True), ("aten.mvlgamma.default", ("aten.mv",), False),
+    ("aten.copy_.default", ("aten.copy",), True), ("aten._copy_from.default", ("aten.copy",), False),
+    ("aten._scaled_dot_product_flash_attention.default", ("aten._scaled_dot_product*",), True),
+])
+def test_op_names_match_whole(op, patterns, hit):
+    assert kc.op_matches(op, patterns) is hit
+
+
+def test_custom_op_bodies_are_traced():
+    """A torch.library.custom_op's Python body is the call's own code: the trace goes into it, so a body
+    that calls the PyTorch op it stands for is seen on any device."""
+    @torch.library.custom_op("course_test::fake_gelu", mutates_args=())
+    def fake_gelu(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    x = torch.randn(8)
+    with pytest.raises(kc.NotAKernel, match="aten.gelu"):
+        kc.assert_is_kernel(lambda: fake_gelu(x), kc.GELU_KERNEL, "gelu")
+
+
+def test_input_copies_sees_copies_not_views():
+    w = torch.randn(96, 48)
+    x = torch.randn(5, 48)
+    _, copies = kc.input_copies(lambda: x @ w.t(), weight=w)
+    assert copies == []
+    _, copies = kc.input_copies(lambda: x @ w.t().contiguous(), weight=w)
+    assert copies and "'weight' [96, 48]" in copies[0]
+    _, copies = kc.input_copies(lambda: x.double() @ w.double().t(), weight=w)
+    assert copies and "_to_copy" in copies[0]
