@@ -447,7 +447,11 @@ def _child(stage_key: str, impl: str, which: str, warmup: int) -> int:
         if stage.perf is None:
             raise NcuError(f"stage {stage.key} has no performance case")
         p = perf_cases(stage, lambda m: load(m, impl))[0]     # a stage timed at several shapes: the first
-        fn = p.submission if which == "submission" else p.baseline
+        inp = p.inputs(torch.Generator(device="cuda").manual_seed(0))
+        call = p.submission if which == "submission" else p.baseline
+
+        def fn():
+            return call(inp)
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()

@@ -155,6 +155,65 @@ def assert_as_accurate_as_torch(out: torch.Tensor, ref: torch.Tensor, torch_out:
     return err
 
 
+def assert_fresh_each_call(fn, inputs: dict, reference, *, name: str, dtype: torch.dtype | None = None,
+                           rel_tol: float | None = None, scale=None) -> None:
+    """``fn(**inputs)`` twice, the second time on the *same* tensors refilled with new values: each
+    output must match ``reference(**inputs)`` of the values it was computed from, the first one
+    still after the second call. An output memoised by the input's address (or shape), or one
+    output buffer returned by every call, fails with a message that says so. ``scale(**inputs)``
+    (optional): the magnitude of the summed terms, as for :func:`assert_close`."""
+    def ref_and_scale():
+        return reference(**inputs), (scale(**inputs) if scale is not None else None)
+    out1 = fn(**inputs)
+    ref1, sc1 = ref_and_scale()
+    snapshot = out1.detach().clone()
+    with torch.no_grad():
+        for t in inputs.values():
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.copy_(torch.randn(t.shape, dtype=torch.float32).to(t.device, t.dtype) * (t.float().std() + 0.5))
+    out2 = fn(**inputs)
+    ref2, sc2 = ref_and_scale()
+    assert_close(out2, ref2, dtype=dtype, rel_tol=rel_tol, scale=sc2,
+                 name=f"{name}, second call on the same input tensors with new values (an output memoised by "
+                      "the input's address or shape fails here)")
+    assert_close(out1, ref1, dtype=dtype, rel_tol=rel_tol, scale=sc1,
+                 name=f"{name}, the first call's output after a second call (one output buffer shared by every "
+                      "call fails here)")
+    assert torch.equal(out1.detach(), snapshot), f"{name}: a second call changed the first call's output"
+
+
+def assert_fresh_in_graph(fn, inputs: dict, reference, *, name: str, dtype: torch.dtype | None = None,
+                          rel_tol: float | None = None) -> None:
+    """GPU: ``fn(**inputs)`` captured in a CUDA graph, then new values written into the same input
+    tensors and the graph replayed: the replay's output must match ``reference(**inputs)`` of the new
+    values. A call that does its work only when it is not being captured (or captures a copy of an
+    earlier result) fails; one that cannot be captured fails with the reason. The grader times
+    calls this way, and stage 8's engine replays its kernels so."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(**inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = fn(**inputs)
+    except Exception as e:  # noqa: BLE001 - said as the test's failure
+        raise AssertionError(f"{name}: could not be captured in a CUDA graph ({type(e).__name__}: {e}). A kernel call "
+                             "must not synchronise or read device values on the host: the grader times it, and stage "
+                             "8's engine runs it, as a graph replay") from None
+    with torch.no_grad():
+        for t in inputs.values():
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, reference(**inputs), dtype=dtype, rel_tol=rel_tol,
+                 name=f"{name}, replayed from a CUDA graph after new values were written into its inputs (a call "
+                      "that skips its work while captured, or replays an earlier result, fails here)")
+
+
 def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | None = None,
           generator: torch.Generator | None = None, scale: float = 1.0) -> torch.Tensor:
     """Fresh random normal tensor (never zeros), created in fp32 then cast."""

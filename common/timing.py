@@ -155,6 +155,142 @@ def bench_graph(fn: Callable[[], object], *, rep_ms: float = 100,
     return Timing(float(ms), "cuda-graph", -1)
 
 
+@dataclass
+class FreshTiming:
+    """What :func:`bench_fresh` measured: per timed call, the submission's and the baseline's GPU time
+    (ms) and the submission's relative error against the baseline on that call's inputs (NaN: not
+    finite, inf: a shape differs). ``how``: "cuda-graph replay", or eager and why."""
+    how: str
+    ms: list[float]
+    baseline_ms: list[float]
+    errors: list[float]
+    #: eager calls back to back, wall clock per call with the GPU's work included (median of 3 runs):
+    #: what a user calling it in a notebook or a training step sees (reported, not scored)
+    eager_ms: float = float("nan")
+    baseline_eager_ms: float = float("nan")
+
+
+def eager_per_call(fn: Callable[[], object], *, calls: int = 20, runs: int = 3) -> float:
+    """ms per call of ``fn()`` called eagerly back to back (host work, launches and GPU time,
+    whichever dominates), synchronised before and after each run: the median of ``runs``."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def _flat(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for x in out for t in _flat(x)]
+    return []
+
+
+def _rel_err_on_device(out, base) -> torch.Tensor:
+    """max over the outputs of ||out - base|| / ||base||, as a 0-dim fp32 tensor on the GPU (no sync):
+    NaN where out is not finite, inf where the shapes or counts differ."""
+    outs, bases = _flat(out), _flat(base)
+    if len(outs) != len(bases) or any(o.shape != b.shape for o, b in zip(outs, bases)):
+        return torch.tensor(float("inf"), device="cuda")
+    errs = []
+    for o, b in zip(outs, bases):
+        d = torch.linalg.vector_norm(o.float() - b.float())
+        n = torch.linalg.vector_norm(b.float()).clamp_min(1e-30)
+        errs.append(d / n + o.float().sum() * 0)      # + 0·sum: NaN/inf anywhere in the output shows
+    return torch.stack(errs).max()
+
+
+def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[[dict], object],
+                baseline: Callable[[dict], object], *, sets: int = 3, rep_ms: float = 100, min_calls: int = 30,
+                max_calls: int = 600, seed: int = 0) -> FreshTiming:
+    """GPU time of ``submission(inp)`` and ``baseline(inp)``, every timed call on fresh inputs, every
+    timed output checked.
+
+    ``sets`` input sets are drawn (``inputs(g)``: distinct storage, distinct values) and each is
+    captured in a CUDA graph for the submission and for the baseline. Before every timed call the
+    set's tensors get new values (drawn with the CUDA generator seeded ``seed``) and L2 is flushed;
+    then the submission's replay and the baseline's replay are each timed with CUDA events, and the
+    submission's output is compared with the baseline's on the GPU (no sync). A call that does its
+    work only while being captured, memoises an output by the input's address, or returns what an
+    earlier call computed, gives a wrong output on the next values: its error shows in ``errors``.
+    If the submission cannot be captured, both are timed eagerly with the same refills and checks
+    (``how`` says so). The caller judges the errors and takes the medians.
+    """
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pool = [inputs(g) for _ in range(sets)]
+
+    def refill(inp: dict) -> None:
+        for name, t in inputs(g).items():
+            inp[name].copy_(t)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                 # warm up: compile, tune, allocate
+        for inp in pool:
+            for _ in range(2):
+                submission(inp)
+                baseline(inp)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    def capture(fn, inp):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(inp)
+        return graph, out
+
+    try:
+        subs = [capture(submission, inp) for inp in pool]
+        how = "cuda-graph replay"
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+        torch.cuda.synchronize()
+        subs, how = None, f"eager (graph capture failed: {type(e).__name__})"
+    if subs is not None:
+        bases = [capture(baseline, inp) for inp in pool]
+        run_sub = [lambda k=k: (subs[k][0].replay(), subs[k][1])[1] for k in range(sets)]
+        run_base = [lambda k=k: (bases[k][0].replay(), bases[k][1])[1] for k in range(sets)]
+    else:
+        run_sub = [lambda k=k: submission(pool[k]) for k in range(sets)]
+        run_base = [lambda k=k: baseline(pool[k]) for k in range(sets)]
+
+    flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+
+    def rounds(n: int):
+        marks, errs = [], torch.empty(n, device="cuda")
+        for r in range(n):
+            k = r % sets
+            refill(pool[k])
+            flush.zero_()
+            s0, e0, s1, e1 = ev(), ev(), ev(), ev()
+            s0.record()
+            out = run_sub[k]()
+            e0.record()
+            flush.zero_()
+            s1.record()
+            base = run_base[k]()
+            e1.record()
+            errs[r] = _rel_err_on_device(out, base)
+            marks.append((s0, e0, s1, e1))
+        torch.cuda.synchronize()
+        return ([s0.elapsed_time(e0) for s0, e0, _, _ in marks], [s1.elapsed_time(e1) for _, _, s1, e1 in marks],
+                errs.tolist())
+
+    est, _, _ = rounds(3)
+    n = int(min(max_calls, max(min_calls, rep_ms / max(statistics.median(est), 1e-3))))
+    ms, base_ms, errors = rounds(n)
+    inp = pool[0]
+    return FreshTiming(how, ms, base_ms, errors, eager_per_call(lambda: submission(inp)),
+                       eager_per_call(lambda: baseline(inp)))
+
+
 def bench_cpu(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> Timing:
     for _ in range(warmup):
         fn()

@@ -102,6 +102,12 @@ def pytest_configure(config):
     impl = config.getoption("--impl")
     if impl is not None:
         os.environ[ENV_VAR] = str(impl)
+    # The harness and torch as they are before any submission is imported (graded tests are checked
+    # against it when they end: see _harness_untouched).
+    from common import guard
+    from common.grade.worker import _import_harness
+    _import_harness()
+    config.course_guard = guard.snapshot()
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "nvcc: needs the CUDA compiler (nvcc), not a GPU")
     config.addinivalue_line("markers", "graded: grades the selected impl (added to every test using the impl fixture "
@@ -195,6 +201,23 @@ def _triton_env_kept():
     for k in [k for k in os.environ if k.startswith("TRITON_") and k not in before]:
         del os.environ[k]
     os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
+def _harness_untouched(request):
+    """A graded test fails if, by its end, torch or a harness module differs from what it was before the
+    submission was imported (common.guard: a function replaced or its code swapped, a tolerance table
+    edited, a module replaced in sys.modules). Every graded test after such a patch fails too: the
+    checks it relies on are no longer the course's."""
+    yield
+    if "graded" not in request.node.keywords:
+        return
+    from common import guard
+    found = guard.changed(request.config.course_guard)
+    if found:
+        pytest.fail(f"the submission patched the harness or torch: {', '.join(found[:6])}"
+                    f"{' ...' if len(found) > 6 else ''} (common/guard.py); no test result counts after that",
+                    pytrace=False)
 
 
 @pytest.fixture

@@ -56,6 +56,13 @@ SNIPPETS = {
     "cast_on_host": lambda x, h: h.to(torch.float64),
     "copy_within_host": lambda x, h: torch.empty_like(h).copy_(h),
     "two_each_way": lambda x, h: [x.to("cpu"), h.to(x.device), x.sum().cpu(), (h + 1).to(x.device)],
+    # a copy combined with a cast is still one host transfer; device-to-device and peer copies are none
+    "to_host_with_cast": lambda x, h: x.to("cpu", torch.float64),
+    "to_device_with_cast": lambda x, h: h.to(x.device, torch.float16),
+    "copy_into_host_float64": lambda x, h: torch.empty(h.shape, dtype=torch.float64).copy_(x),
+    "non_blocking": lambda x, h: h.to(x.device, non_blocking=True).to("cpu", non_blocking=True),
+    "peer_copy": lambda x, h: x.to("cuda:1"),
+    "peer_copy_with_cast": lambda x, h: x.to("cuda:1", torch.bfloat16),
 }
 
 

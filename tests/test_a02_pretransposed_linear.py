@@ -5,7 +5,7 @@ import torch
 from common import DEVICE
 from common import reference as ref
 from common.profiling import fake_cuda, trace_ops
-from common.testing import assert_close, non_contiguous, randn
+from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn
 
 MOD = "a02_pretransposed_linear.pretransposed_linear"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -28,6 +28,16 @@ def test_numerics(mod, dtype, in_f, out_f, lead, bias):
     expected, scale = ref.linear(x, w, b), ref.linear_scale(x, w, b)  # bias may be added after rounding
     assert_close(layer(x), expected, dtype=dtype, scale=scale)
     assert_close(layer(non_contiguous(x)), expected, dtype=dtype, scale=scale, name="non-contiguous x")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fresh_output_each_call(mod, dtype):
+    """The same input tensor with new values gives the new answer, and a second call leaves the
+    first call's output alone: nothing memoised by address, no output buffer shared by calls."""
+    w, b = randn(40, 24, dtype=dtype) / 24**0.5, randn(40, dtype=dtype)
+    layer = mod.PretransposedLinear(w, b)
+    assert_fresh_each_call(layer, {"x": randn(3, 24, dtype=dtype)}, lambda x: ref.linear(x, w, b), dtype=dtype,
+                           scale=lambda x: ref.linear_scale(x, w, b), name="PretransposedLinear")
 
 
 def test_weight_stored_transposed_once(mod):

@@ -17,7 +17,8 @@ from common import DEVICE, HAS_CUDA, TRITON_INTERPRET
 from common import reference as ref
 from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, assert_is_kernel, attention_tile_bound,
                                  largest_new_tensor, tile_message)
-from common.testing import assert_as_accurate_as_torch, assert_close, non_contiguous, randn, rel_error, torch_attention
+from common.testing import (assert_as_accurate_as_torch, assert_close, assert_fresh_each_call, assert_fresh_in_graph,
+                            non_contiguous, randn, rel_error, torch_attention)
 
 TORCH_MOD = "a07_flash_attention.flash_torch"
 TRITON_MOD = "a07_flash_attention.flash_triton"
@@ -356,3 +357,22 @@ def test_bad_input(impl, module):
             apply(*(randn(2, 16, 48, dtype=torch.float16) for _ in range(3)), False)
         with pytest.raises(ValueError, match="expected a tensor on"):
             apply(*(torch.empty(2, 16, 32, device="meta", dtype=torch.float16) for _ in range(3)), False)
+
+
+def test_triton_fresh_output_each_call(impl):
+    """The same q, k, v tensors with new values give the new O (nothing memoised by address), and the
+    first call's O survives a second call (no output buffer shared by calls)."""
+    fx = impl.load(TRITON_MOD)
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    q, k, v = qkv((1, 2), 37, 53, 32, dtype, grad=False)
+    assert_fresh_each_call(lambda q, k, v: fx.flash_attention(q, k, v, True), {"q": q, "k": k, "v": v},
+                           lambda q, k, v: ref.attention(q, k, v, True)[0], dtype=dtype, name="flash_attention")
+
+
+@pytest.mark.gpu
+def test_triton_forward_replays_from_a_cuda_graph(impl):
+    """Captured once, replayed on new values in the same q, k, v: the new O (the grader times it so)."""
+    fx = impl.load(TRITON_MOD)
+    q, k, v = qkv((2, 3), 300, 300, 64, torch.bfloat16, grad=False)
+    assert_fresh_in_graph(lambda q, k, v: fx.flash_attention(q, k, v, True), {"q": q, "k": k, "v": v},
+                          lambda q, k, v: ref.attention(q, k, v, True)[0], dtype=torch.bfloat16, name="flash_attention")

@@ -354,6 +354,23 @@ def test_decode_step_uses_the_course_kernels(eng, tiny_model, seed):
     assert not bad, f"prefill called PyTorch for the kernels' work: {bad}"
 
 
+def test_decode_step_work_does_not_grow_with_the_context(impl, seed):
+    """After prompts of 12-20 tokens, every GEMM of a decode step has B rows (one new token per
+    sequence) and no prefill attention runs: a step that recomputes the whole context gives the same
+    logits at a cost that grows with it. The grader's check (common.stages: a08_decode_work)."""
+    import random
+
+    from common.stages import A08_TINY, CALLS, Run, _decode_work_judge, _prompts
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    prompts = _prompts(g, [rng.randint(12, 20), rng.randint(12, 20)], A08_TINY["vocab_size"])
+    follow = [[rng.randrange(A08_TINY["vocab_size"]) for _ in range(2)] for _ in range(2)]
+    run = Run(impl.load)
+    CALLS["a08_decode_work"](run, seed=seed, n_head=2, prompts=prompts, follow=follow)
+    problem = _decode_work_judge(len(prompts))(run.facts)
+    assert problem is None, problem
+
+
 def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
     """Clear errors for an unsupported config, a cache too small, an empty prompt (after a legal run)."""
     from transformers import GPT2Config, GPT2LMHeadModel

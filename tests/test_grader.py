@@ -111,14 +111,27 @@ def test_cpu_table_has_no_timing_columns():
 
 @SELF_CHECK
 def test_failed_test_is_not_a_pass(tmp_path):
-    """A weight copied per call: every trial passes, a test fails. The score is 9.8x/10 and
-    the label says "partial", not "pass"."""
+    """A wrong answer in a01's answers.toml: every trial passes (they grade the counter), a test fails.
+    The score is 5 x (tests passed / run) + 5 and the label says "partial", not "pass"."""
+    sub = _submission(tmp_path, {"a01_roundtrip_linear/answers.toml": [
+        ("transfers_with_bias = 4\n", "transfers_with_bias = 3\n")]})
+    report, _, table = _grade(sub, tmp_path, "a01")
+    st = report["stages"][0]
+    assert st["tests_failed"] == 1 and st["trials_passed"] == st["trials_total"], table
+    ran = st["tests_passed"] + st["tests_failed"]
+    assert st["correctness"] == "partial" and st["score"] == round(5 * (ran - 1) / ran + 5, 2), table
+
+
+@SELF_CHECK
+def test_weight_copied_per_call_is_caught_by_the_trials(tmp_path):
+    """A FusedLinear that copies its weight on every call computes the right values: a test sees the
+    copy (an extra aten.clone), and so do the grader's trials alone (common.kernel_check.input_copies)."""
     sub = _submission(tmp_path, {"a03_fused_linear/fused_linear.py": [
         ("        w = self.weight_t\n", "        w = self.weight.clone().t()\n")]})
-    report, _, table = _grade(sub, tmp_path, "a03")
-    st = report["stages"][0]
-    assert st["tests_failed"] >= 1 and st["trials_passed"] == st["trials_total"], table
-    assert st["correctness"] == "partial" and 9.5 < st["score"] < 10, table
+    report, _, table = _grade(sub, tmp_path, "a03", "--no-tests")
+    (st,) = report["stages"]
+    assert st["correctness"] == "fail" and st["score"] == 0, table
+    assert "copied an input on every call" in st["message"] and "aten.clone" in st["message"], table
 
 
 @SELF_CHECK
@@ -175,12 +188,11 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     import random
 
     from common import kernel_check
-    from common.impl import load
     from common.stages import by_key
     from common.testing import REL_TOL
 
     def trials(key):
-        return by_key(key).trials(lambda m: load(m, "solutions"), random.Random(7))
+        return by_key(key).trials(random.Random(7))
     for key in ("a02", "a03", "a05", "a06", "a07"):
         names = [t.name for t in trials(key)]
         assert any("the shapes of an earlier trial again" in n for n in names), (key, names)
@@ -190,7 +202,7 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     for key, kernels in (("a02", ("Pretransposed",)), ("a03", ("add_bias", "FusedLinear(addmm)", "FusedLinear(triton)")),
                          ("a05", ("gelu",)), ("a08", ("decode_attention", "add_layernorm", "layernorm (no residual)"))):
         for seed in (1, 2):
-            names = [t.name for t in by_key(key).trials(lambda m: load(m, "solutions"), random.Random(seed))]
+            names = [t.name for t in by_key(key).trials(random.Random(seed))]
             for kernel in kernels:
                 drawn = {d for n in names if kernel in n for d in dtypes if d in n}
                 assert dtypes <= drawn, (key, kernel, names)
@@ -199,8 +211,12 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     long_k = [t for t in trials("a06") if "long K" in t.name]
     assert long_k and all(t.tol < REL_TOL[torch.bfloat16] for t in long_k), [(t.name, t.tol) for t in long_k]
     assert all(t.forbid == kernel_check.MATMUL_KERNEL for t in trials("a06"))
+    no_tf32 = [t for t in trials("a06") if "allow_tf32=False" in t.name]     # fp32 without TF32: fp32's tolerance
+    assert no_tf32 and all(t.tol == REL_TOL[torch.float32] and t.args["allow_tf32"] is False for t in no_tf32)
     a07 = trials("a07")
     assert any("one tile at a time" in t.name for t in a07)
+    lse16 = [t for t in a07 if "one tile at a time" in t.name and "bfloat16" in t.name]   # 7a's L is fp32
+    assert lse16 and all(t.dtypes[1] == torch.float32 for t in lse16)
     assert {t.forbid for t in a07} == {kernel_check.ATTENTION_TILED, kernel_check.ATTENTION_KERNEL}
     long_o = [t for t in a07 if "fwd O, long Nk" in t.name]    # Triton's O against SDPA's own error
     assert long_o and all(t.tol < REL_TOL[torch.bfloat16] for t in long_o), [(t.name, t.tol) for t in long_o]
@@ -279,6 +295,64 @@ def test_many_submissions(tmp_path):
     assert alice["score"] == 10 and bob["score"] == 0, (alice, bob)
 
 
+#: What a malicious submission tries at import (a01's module), reporting what worked by failing with it.
+SNOOP = """
+import os as _os
+_leaks = []
+try:
+    _leaks.append('read ' + open({alice!r}).read(40))
+except OSError:
+    pass
+for _p in ({course_test!r}, {alice!r}):
+    try:
+        open(_p, 'a').close()          # opened for writing (writes nothing)
+        _leaks.append('could write ' + _p)
+    except OSError:
+        pass
+for _d in ({subs!r}, _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.dirname(__file__))))):
+    try:
+        _leaks += ['saw ' + n for n in _os.listdir(_d) if n not in ('mallory', 'impl', 'tmp', 'home', 'cache')]
+    except OSError:
+        pass
+if _leaks:
+    raise RuntimeError('LEAK: ' + '; '.join(_leaks))
+"""
+
+
+@SELF_CHECK
+def test_batch_keeps_submissions_apart(tmp_path):
+    """--submissions grades each submission in a sandbox: a submission that tries to read another one,
+    list the others, or open the course's tests or another submission for writing, gets nowhere (and
+    is graded as usual); without the sandbox the same code does read the other submission."""
+    from common.grade.batch import sandbox_available
+    if sandbox_available():
+        pytest.skip(sandbox_available())
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.copytree(REPO / "solutions", subs / "alice", ignore=shutil.ignore_patterns("__pycache__"))
+    alice = subs / "alice" / "a01_roundtrip_linear" / "roundtrip_linear.py"
+    course_test = REPO / "tests" / "test_a01_roundtrip_linear.py"
+    before = (alice.read_bytes(), course_test.read_bytes())
+    mallory = _submission(tmp_path, {"a01_roundtrip_linear/roundtrip_linear.py": [(
+        "from torch.utils._python_dispatch import TorchDispatchMode\n",
+        "from torch.utils._python_dispatch import TorchDispatchMode\n"
+        + SNOOP.format(alice=str(alice), course_test=str(course_test), subs=str(subs)))]})
+    shutil.move(str(mallory), str(subs / "mallory"))
+    for sandbox, out in ((True, tmp_path / "graded"), (False, tmp_path / "open")):
+        r = subprocess.run([*GRADE, "--submissions", str(subs), "--out", str(out), "--jobs", "2", "--stages", "a01",
+                            "--no-tests", *([] if sandbox else ["--no-sandbox"])], cwd=REPO, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        report = json.loads((out / "mallory" / "report.json").read_text())
+        text = json.dumps(report)
+        if sandbox:
+            assert "LEAK" not in text and report["total"] == report["max"], text[-2000:]
+            assert "(sandboxed)" in r.stdout, r.stdout
+        else:                                   # the control: the same code reads alice's file
+            assert "LEAK: read" in text, text[-2000:]
+    assert (alice.read_bytes(), course_test.read_bytes()) == before
+
+
 @pytest.mark.gpu
 def test_graph_timing_checks_what_it_times():
     """The grader times CUDA-graph replays and checks the replayed output: a call that does
@@ -320,7 +394,8 @@ def _a08_tiny_case(device, dtype, tol):
 
 def test_a08_perf_calls_are_idempotent_and_agree():
     """The timed calls of stage 8 (the engine's decode step, transformers' static-cache step) give
-    the same logits call after call, as graph replay needs, and the same logits as each other."""
+    the same logits call after call on the same input, as graph replay needs, the same logits as
+    each other, and other logits on another input set (each timed call gets fresh tokens)."""
     from common.checks import kernel_device
     from common.testing import rel_error
     dev = kernel_device()          # the interpreter on a CPU, the GPU where there is one
@@ -328,27 +403,71 @@ def test_a08_perf_calls_are_idempotent_and_agree():
         p, same = _a08_tiny_case(dev, torch.float32, 1e-5), torch.equal
     else:                          # bf16 on a GPU: the same within far less than the tolerance
         p, same = _a08_tiny_case(dev, torch.bfloat16, 6e-2), lambda x, y: rel_error(x, y) <= 1e-3
-    base, sub = p.baseline().clone(), p.submission().clone()
-    assert same(p.baseline(), base) and same(p.submission(), sub), "a timed call is not idempotent"
+    g = torch.Generator(device=dev).manual_seed(1)
+    inp, other = p.inputs(g), p.inputs(g)
+    assert not torch.equal(inp["tok"], other["tok"])
+    base, sub = p.baseline(inp).clone(), p.submission(inp).clone()
+    assert same(p.baseline(inp), base) and same(p.submission(inp), sub), "a timed call is not idempotent"
     assert rel_error(sub, base) <= p.tol, f"engine and transformers differ by {rel_error(sub, base):.2e}"
+    assert rel_error(p.submission(other), p.baseline(other)) <= p.tol
+    assert rel_error(p.submission(other), sub) > p.tol, "the logits do not depend on the new token"
     assert p.flops > 0 and p.bytes > 0
 
 
 @pytest.mark.gpu
 def test_a08_perf_case_replays_in_a_graph():
-    """GPT-2 small's decode step, engine and transformers, captured and replayed as the grader times them."""
+    """GPT-2 small's decode step, engine and transformers, captured and replayed on fresh tokens as the
+    grader times them: every timed call's logits within the stage's tolerance of transformers'."""
     from common.impl import load
-    from common.stages import _a08_perf
-    from common.testing import rel_error
-    from common.timing import bench_graph
+    from common.stages import _a08_perf, by_key
+    from common.timing import bench_fresh
     p = _a08_perf(lambda m: load(m, "solutions"))
-    expected = p.baseline()
-    assert rel_error(p.submission(), expected) <= p.tol
+    t = bench_fresh(p.inputs, p.submission, p.baseline, max_calls=40)
+    assert t.how == "cuda-graph replay", t.how
+    assert max(t.errors) <= by_key("a08").perf_tol, max(t.errors)
+    assert min(t.ms) > 0 and min(t.baseline_ms) > 0
 
-    def check(out):
-        assert rel_error(out, expected) <= p.tol, f"replayed output off by {rel_error(out, expected):.2e}"
-    assert bench_graph(p.submission, check=check).median_ms > 0
-    assert bench_graph(p.baseline, check=check).median_ms > 0
+
+@pytest.mark.gpu
+def test_fresh_timing_catches_what_graph_timing_let_through():
+    """The timing exploits that scored full marks against one input replayed (a CUDA graph that copies
+    a result recorded during capture, outputs memoised by the input's address, a call that cannot be
+    captured and returns a cached tensor eagerly): with fresh values before every timed call, each
+    of their timed outputs is wrong, and an honest call's are right."""
+    from common.timing import bench_fresh
+
+    def inputs(g):
+        return {"a": torch.randn(256, 256, device="cuda", generator=g), "b": torch.randn(256, 256, device="cuda", generator=g)}
+
+    def honest(i):
+        return i["a"] @ i["b"]
+    last = {}
+
+    def copy_when_captured(i):           # during capture: replay a copy of the last eager result
+        if torch.cuda.is_current_stream_capturing():
+            return last["out"].clone()
+        last["out"] = i["a"] @ i["b"]
+        return last["out"]
+    memo = {}
+
+    def memo_by_address(i):
+        key = (i["a"].data_ptr(), i["b"].data_ptr())
+        if key not in memo:
+            memo[key] = i["a"] @ i["b"]
+        return memo[key]
+
+    def no_capture_then_cache(i):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("not capturable")
+        return memo_by_address(i)
+    t = bench_fresh(inputs, honest, honest, max_calls=40)
+    assert t.how == "cuda-graph replay" and max(t.errors) < 1e-5, t
+    for cheat in (copy_when_captured, memo_by_address, no_capture_then_cache):
+        memo.clear()
+        t = bench_fresh(inputs, cheat, honest, max_calls=40)
+        wrong = [e for e in t.errors if not e <= 1e-2]
+        assert len(wrong) >= len(t.errors) - 3, (cheat.__name__, t.how, t.errors[:10])
+    assert t.how.startswith("eager (graph capture failed")
 
 
 def test_speed_score_is_the_geometric_mean_over_shapes():
@@ -358,7 +477,8 @@ def test_speed_score_is_the_geometric_mean_over_shapes():
     import math
 
     from common.grade.score import PERF_POINTS, combined_speedup, score
-    from common.grade.worker import WorkerResult, summarize
+    from common.grade.judge import summarize
+    from common.grade.result import WorkerResult
     ceil = {"gbps": 3000.0, "tflops": 750.0, "source": "test"}
 
     def case(label, ms, base):

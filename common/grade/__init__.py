@@ -5,34 +5,37 @@
     python -m common.grade --impl path/to/submission --results-json out/results.json
     python -m common.grade --submissions subs/ --out graded/     # many, one process per GPU
 
-Every stage runs in its own subprocess with a time limit, so a submission that
-raises, hangs or crashes fails that stage only. A stage's grade has two parts:
+Every stage runs in its own processes with time limits, so a submission that raises, hangs or
+crashes fails that stage only, and the references and verdicts live in a process that never
+imports the submission. A stage's grade has two parts:
 
 * correctness (10 points): the stage's pytest file (5 points, by the fraction of
   tests passed) and the grader's own trials (5 points: fresh random inputs with shapes
-  drawn now, references computed beforehand from private copies, forbidden PyTorch
-  ops and kernels checked). Calling the PyTorch op where a kernel was asked for, or
-  patching torch or the harness, zeroes the stage.
+  drawn now, references and tolerances computed by the judge, forbidden PyTorch ops and
+  kernels, unwritten and shared outputs checked). Calling the PyTorch op where a kernel was
+  asked for, or patching torch or the harness, zeroes the stage.
 * performance (5 points, GPU only): speed against the PyTorch baseline, full points at
   the stage's target ratio (a stage timed at several shapes: the geometric mean of the
-  per-shape speedups); also reported: time, speedup, roofline fraction (from the
-  stage's bytes and FLOPs and ceilings measured on this GPU), kernels and host
-  transfers per call. On a machine without a GPU the report says "needs a GPU": no
-  numbers are made up, and the maximum score counts correctness only.
+  per-shape speedups), every timed call on fresh inputs with its output checked; also
+  reported: time, speedup, roofline fraction (from the stage's bytes and FLOPs and ceilings
+  measured on this GPU), kernels and host transfers per call. On a machine without a GPU the
+  report says "needs a GPU": no numbers are made up, and the maximum score counts
+  correctness only.
 
 The package, one concern a module:
 
-* ``worker.py``: one stage's trials and timing, run in a subprocess
-  (``python -m common.grade.worker``); returns a typed :class:`~.result.WorkerResult`,
-  passed to the parent as JSON.
-* ``run.py``: one implementation, stage by stage: the stage's tests and the worker, each in
-  a subprocess with a time limit, and the :class:`~.report.StageResult` made from both.
-* ``result.py``: :class:`~.result.WorkerResult`, the worker's findings (its fields are the
+* ``judge.py``: one stage's trials and timing, judged: draws the trials and their references,
+  runs the worker, decides; returns a typed :class:`~.result.WorkerResult`.
+* ``worker.py``: the one process that imports the submission (``python -m common.grade.worker``):
+  runs the calls under the trace, the profiler and the guard, and the timing; reports what it saw.
+* ``run.py``: one implementation, stage by stage: the stage's tests (a subprocess with a time
+  limit) and the judge, and the :class:`~.report.StageResult` made from both.
+* ``result.py``: :class:`~.result.WorkerResult`, the trials' and timing's findings (its fields are the
   first of :class:`~.report.StageResult`'s).
 * ``score.py``: the scoring rules (pure functions, named constants).
 * ``report.py``: :class:`~.report.StageResult` and its renderings: the table, the JSON report,
   Gradescope's results.json, the plots.
-* ``batch.py``: many submissions, one process per GPU.
+* ``batch.py``: many submissions, each from its own copy in a sandbox, one process per GPU.
 * ``__main__.py``: the command line.
 """
 from .report import NOT_IMPLEMENTED, StageResult, gradescope, plots, report_json, table

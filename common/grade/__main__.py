@@ -32,10 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--submissions", type=Path, help="grade every sub-folder of this folder")
     ap.add_argument("--out", type=Path, default=Path("grade-results"), help="with --submissions: output folder")
     ap.add_argument("--jobs", type=int, default=1, help="with --submissions on CPU: processes at once")
+    ap.add_argument("--memory-gb", type=float, default=32.0,
+                    help="with --submissions: the most resident memory one submission's processes may hold")
+    ap.add_argument("--no-sandbox", action="store_true",
+                    help="with --submissions: grade without the sandbox (trusted code only; see INSTRUCTORS.md)")
     args = ap.parse_args(argv)
     stages = args.stages.split(",") if args.stages else None
     if args.submissions:
-        return grade_many(args.submissions, args.out, args.jobs, args.timeout, stages, not args.no_tests)
+        return grade_many(args.submissions, args.out, args.jobs, args.timeout, stages, not args.no_tests,
+                          sandbox=not args.no_sandbox, memory_gb=args.memory_gb)
     import torch
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     results, secs = grade(args.impl, stages, args.timeout, not args.no_tests, args.quiet or args.json)

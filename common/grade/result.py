@@ -1,5 +1,5 @@
-"""What a stage's grading worker (``python -m common.grade.worker``) hands back to ``run.py``,
-as JSON: :class:`WorkerResult`, whose fields :class:`~common.grade.report.StageResult` extends.
+"""What the judge (judge.py) found for one stage, trials and timing: :class:`WorkerResult`, whose
+fields :class:`~common.grade.report.StageResult` extends.
 """
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ class WorkerResult:
     timing: str = ""                   # how ms and baseline_ms were measured
     ms: float | None = None
     baseline_ms: float | None = None
+    #: eager calls back to back, ms per call (host work included), summed over the timed shapes:
+    #: reported, not scored (a slow wrapper shows here, not in the graph-replayed ``ms``)
+    eager_ms: float | None = None
+    baseline_eager_ms: float | None = None
     baseline: str = ""
     perf_label: str = ""
     speedup: float | None = None

@@ -1,6 +1,6 @@
-"""One implementation, stage by stage: each stage's graded tests (pytest) and the grader's
-worker (``python -m common.grade.worker``), each in a subprocess with a time limit, so a
-submission that raises, hangs or crashes fails that stage only; the stage's
+"""One implementation, stage by stage: each stage's graded tests (pytest, a subprocess with a time
+limit) and the grader's trials and timing (judge.py, whose worker is a subprocess with a time limit
+too), so a submission that raises, hangs or crashes fails that stage only; the stage's
 :class:`~.report.StageResult` made from both and scored (``score.py``).
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import fields
 from pathlib import Path
+from .judge import run_stage
 from .report import StageResult
-from .result import WorkerResult
 from .score import FAIL, score
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,23 +72,6 @@ def _died(returncode: int) -> str:
     return f"crashed (exit {returncode})"
 
 
-def _run_worker(impl: Path, key: str, timeout: float) -> WorkerResult:
-    """The worker's :class:`~.result.WorkerResult` for one stage, or a failed one saying why
-    there is none (a time-out, a crash)."""
-    from .worker import MARK     # not at import: ``python -m common.grade.worker`` imports this package first
-    cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl)]
-    try:
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return WorkerResult(correctness=FAIL, message=f"timed out after {timeout:.0f} s")
-    for line in r.stdout.splitlines():
-        if line.startswith(MARK):
-            return WorkerResult.from_json(line[len(MARK):])
-    tail = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if not ln.startswith("Extension modules:")][-3:]
-    return WorkerResult(correctness=FAIL,
-                        message=_died(r.returncode) + (f": {' | '.join(tail)[-400:]}" if tail else " in the grader's trials"))
-
-
 def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> StageResult:
     from common import HAS_CUDA
     t0 = time.time()
@@ -96,7 +79,7 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
         passed, failed, skipped, first = _run_tests(impl, stage.folder, timeout)
     else:
         passed, failed, skipped, first = 0, 0, 0, ""
-    w = _run_worker(impl, stage.key, timeout)
+    w = run_stage(impl, stage, timeout)
     message, not_implemented = w.message, list(w.not_implemented)
     if first and failed:
         message = "; ".join(x for x in (message, f"first failing test: {first}") if x)

@@ -42,15 +42,16 @@ How you are scored (per stage):
   speed, 5 points, GPU only: 5 x min(1, speedup / the stage's target) against the PyTorch
     baseline, and only with all 10 correctness points. Stages 4-7 are timed at a few shapes
     (real GPT-2 shapes, an odd or unaligned one): their speedup is the geometric mean of the
-    per-shape speedups (baseline time / your time). On a CPU-only machine the maximum is
-    10 per stage and the table has no timing columns.
+    per-shape speedups (baseline time / your time). Every timed call gets fresh inputs and its
+    output is checked: a wrong one fails the stage's correctness (no speed points). On a
+    CPU-only machine the maximum is 10 per stage and the table has no timing columns.
   "correct" column: pass (all tests and trials), partial (trials passed, some test failed),
     fail, needs a GPU.
 Examples:
-  a weight copied per call failed 1 of 80 tests, every trial passed: 5 x 79/80 + 5 = 9.94/10,
-    shown as "partial" (earlier versions said "pass").
-  torch's add instead of the bias kernel failed 1 of 80 tests (the one that looks for torch
-    arithmetic), and the trials saw aten.add where the kernel was asked for: 0/10.
+  a wrong number in a01's answers.toml fails 1 test, every trial passes (they grade the
+    counter): 5 x (passed / run) + 5, shown as "partial".
+  torch's add instead of the bias kernel fails the test that looks for torch arithmetic, and
+    the trials see aten.add where the kernel was asked for: 0/10.
 """
 
 

@@ -27,6 +27,9 @@ class Mutant:
     grader: tuple[str, ...] | None = None
     #: The test file (in tests/) whose graded tests must catch it; None: test_<stage>.py.
     tests: str | None = None
+    #: Graded in a process of its own: it patches torch or the harness, which would change what the
+    #: next mutants graded in a shared process see.
+    isolated: bool = False
 
     @property
     def test_file(self) -> str:
