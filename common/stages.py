@@ -202,11 +202,16 @@ A01_PROBES: dict[str, Callable] = {
     "copy_into_host_float64": lambda x, h: torch.empty(h.shape, dtype=torch.float64).copy_(x),
     "to_device_non_blocking": lambda x, h: h.to(x.device, non_blocking=True),
     "device_to_device": lambda x, h: x.to(x.device).clone(),
-    "peer_copy": lambda x, h: x.to("cuda:1"),
-    "peer_copy_with_cast": lambda x, h: x.to("cuda:1", torch.bfloat16),
     "cast_on_device": lambda x, h: x.to(torch.float16),
     "non_blocking_round_trip": lambda x, h: x.to("cpu", non_blocking=True).to(x.device, non_blocking=True),
 }
+
+
+if not HAS_CUDA or torch.cuda.device_count() > 1:
+    # fake tensors on a second GPU: a CPU-only torch makes them without a driver; on a GPU machine the
+    # fake mode asks the driver for that device, so a machine with one GPU leaves these out
+    A01_PROBES["peer_copy"] = lambda x, h: x.to("cuda:1")
+    A01_PROBES["peer_copy_with_cast"] = lambda x, h: x.to("cuda:1", torch.bfloat16)
 
 
 def _a01_roundtrip(x, h, fin, fout, bias):

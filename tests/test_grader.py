@@ -3,6 +3,7 @@ cannot be fooled by a submission that cheats, patches torch, crashes or hangs.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -414,18 +415,21 @@ def test_a08_perf_calls_are_idempotent_and_agree():
     assert p.flops > 0 and p.bytes > 0
 
 
+def _in_a_fresh_process(check: str) -> None:
+    """Run ``tests/gpu_timing_checks.py``'s ``check`` in a process of its own: bench_fresh captures and
+    destroys several CUDA graphs, and on the H100 GPU tests run after it in the same process failed
+    (cause not established); the grader times in a process of its own too."""
+    r = subprocess.run([sys.executable, "-c", f"import gpu_timing_checks as c; c.{check}()"], cwd=REPO,
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
 @pytest.mark.gpu
 def test_a08_perf_case_replays_in_a_graph():
     """GPT-2 small's decode step, engine and transformers, captured and replayed on fresh tokens as the
     grader times them: every timed call's logits within the stage's tolerance of transformers'."""
-    from common.impl import load
-    from common.stages import _a08_perf, by_key
-    from common.timing import bench_fresh
-    p = _a08_perf(lambda m: load(m, "solutions"))
-    t = bench_fresh(p.inputs, p.submission, p.baseline, max_calls=40)
-    assert t.how == "cuda-graph replay", t.how
-    assert max(t.errors) <= by_key("a08").perf_tol, max(t.errors)
-    assert min(t.ms) > 0 and min(t.baseline_ms) > 0
+    _in_a_fresh_process("a08_perf_case_replays_in_a_graph")
 
 
 @pytest.mark.gpu
@@ -434,40 +438,7 @@ def test_fresh_timing_catches_what_graph_timing_let_through():
     a result recorded during capture, outputs memoised by the input's address, a call that cannot be
     captured and returns a cached tensor eagerly): with fresh values before every timed call, each
     of their timed outputs is wrong, and an honest call's are right."""
-    from common.timing import bench_fresh
-
-    def inputs(g):
-        return {"a": torch.randn(256, 256, device="cuda", generator=g), "b": torch.randn(256, 256, device="cuda", generator=g)}
-
-    def honest(i):
-        return i["a"] @ i["b"]
-    last = {}
-
-    def copy_when_captured(i):           # during capture: replay a copy of the last eager result
-        if torch.cuda.is_current_stream_capturing():
-            return last["out"].clone()
-        last["out"] = i["a"] @ i["b"]
-        return last["out"]
-    memo = {}
-
-    def memo_by_address(i):
-        key = (i["a"].data_ptr(), i["b"].data_ptr())
-        if key not in memo:
-            memo[key] = i["a"] @ i["b"]
-        return memo[key]
-
-    def no_capture_then_cache(i):
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("not capturable")
-        return memo_by_address(i)
-    t = bench_fresh(inputs, honest, honest, max_calls=40)
-    assert t.how == "cuda-graph replay" and max(t.errors) < 1e-5, t
-    for cheat in (copy_when_captured, memo_by_address, no_capture_then_cache):
-        memo.clear()
-        t = bench_fresh(inputs, cheat, honest, max_calls=40)
-        wrong = [e for e in t.errors if not e <= 1e-2]
-        assert len(wrong) >= len(t.errors) - 3, (cheat.__name__, t.how, t.errors[:10])
-    assert t.how.startswith("eager (graph capture failed")
+    _in_a_fresh_process("fresh_timing_catches_exploits")
 
 
 def test_speed_score_is_the_geometric_mean_over_shapes():

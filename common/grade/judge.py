@@ -26,7 +26,7 @@ import torch
 
 from .result import WorkerResult
 from .score import FAIL, NEEDS_GPU, PASS, combined_speedup
-from .worker import OUTPUTS, RESULT, TRIALS
+from .worker import OUTPUTS, RESULT, TIMING, TRIALS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,9 @@ def run_stage(impl: Path | str, stage, timeout: float, timed: bool | None = None
     except NeedsGPU as e:
         res.correctness, res.message = NEEDS_GPU, str(e)
         return res
+    except Exception as e:  # noqa: BLE001 - the harness's own fault: said, never a crash of the whole grade
+        res.correctness, res.message = FAIL, f"the grader could not draw its trials ({type(e).__name__}: {e})"
+        return res
     seed = rng.randrange(2**31)
     with tempfile.TemporaryDirectory(prefix="course-judge-") as tmp:
         io = Path(tmp)
@@ -51,33 +54,62 @@ def run_stage(impl: Path | str, stage, timeout: float, timed: bool | None = None
                                "profile": bool(HAS_CUDA and t.forbid.kernels), "functions": bool(t.forbid.functions)}
                               for t in trials]}
         torch.save(payload, io / TRIALS)
-        found, outputs, died = _run_worker(impl, stage.key, io, timeout, timed)
-    res.trials_total = len(trials)
-    if died:
-        res.correctness, res.message = FAIL, died
-        return res
-    return _judge(stage, trials, found, outputs, res)
+        found, outputs, died = _run_worker(impl, stage.key, io, timeout)
+        res.trials_total = len(trials)
+        if died:
+            res.correctness, res.message = FAIL, died
+            return res
+        res = _judge(stage, trials, found, outputs, res)
+        if res.correctness == PASS and payload["time"]:
+            timing, died = _run_timing(impl, stage.key, io, timeout)
+            res.violations += timing.get("violations", [])
+            if res.violations:
+                res.correctness = FAIL
+            timing = timing.get("timing") or ({"error": died} if died else None)
+        else:
+            timing = None
+    return _judge_timing(stage, timing, res)
 
 
-def _run_worker(impl, key: str, io: Path, timeout: float, timed: bool) -> tuple[dict, list, str]:
+def _worker(impl, key: str, io: Path, timeout: float, *extra: str) -> tuple[object, str]:
+    """Run the worker; (the process, '') or (None, why: a time-out)."""
+    cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl), "--io", str(io), *extra]
+    try:
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout), ""
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        found = {}
+    return found if isinstance(found, dict) else {}
+
+
+def _run_timing(impl, key: str, io: Path, timeout: float) -> tuple[dict, str]:
+    """The timing worker's findings, or '' and why there are none."""
+    from .run import _died
+    r, why = _worker(impl, key, io, timeout, "--time")
+    if r is None:
+        return {}, f"timing {why}"
+    found = _read_json(io / TIMING)
+    if "timing" not in found:
+        return {}, found.get("fatal") or f"timing {_died(r.returncode)}: {(r.stderr or r.stdout)[-300:]}"
+    return found, ""
+
+
+def _run_worker(impl, key: str, io: Path, timeout: float) -> tuple[dict, list, str]:
     """(what the worker found, the outputs, '' or why there is nothing: a crash, a time-out)."""
     from .run import _died
-    cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl), "--io", str(io)]
-    if timed:
-        cmd.append("--time")
-    try:
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {}, [], f"timed out after {timeout:.0f} s"
-    found = {}
-    if (io / RESULT).exists():
-        try:
-            found = json.loads((io / RESULT).read_text())
-        except ValueError:
-            found = {}
-    if not isinstance(found, dict) or "trials" not in found:
+    r, why = _worker(impl, key, io, timeout)
+    if r is None:
+        return {}, [], why
+    found = _read_json(io / RESULT)
+    if "trials" not in found:
         tail = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if not ln.startswith("Extension modules:")][-3:]
-        why = found.get("fatal") if isinstance(found, dict) else None
+        why = found.get("fatal")
         return {}, [], why or (_died(r.returncode) + (f": {' | '.join(tail)[-400:]}" if tail else " in the grader's trials"))
     try:                                     # tensors only: nothing in the file can run code here
         outputs = torch.load(io / OUTPUTS, weights_only=True) if (io / OUTPUTS).exists() else []
@@ -180,7 +212,7 @@ def _judge(stage, trials, found: dict, outputs: list, res: WorkerResult) -> Work
     res.message = "; ".join(msgs[:3])
     if res.worst_error is not None and res.worst_error == float("inf"):
         res.worst_error = None
-    return _judge_timing(stage, found.get("timing"), res)
+    return res
 
 
 def _judge_timing(stage, timing: dict | None, res: WorkerResult) -> WorkerResult:

@@ -1,6 +1,7 @@
 """The grader's worker: the one process that imports the submission.
 
-    python -m common.grade.worker a03 --impl solutions --io DIR [--time]
+    python -m common.grade.worker a03 --impl solutions --io DIR           # the trials
+    python -m common.grade.worker a03 --impl solutions --io DIR --time    # the timing (GPU), a second process
 
 The judge (judge.py) writes ``DIR/trials.pt``: for each trial its name, the call to make
 (``common.stages.CALLS``) and the inputs, never the reference or the tolerance. This process
@@ -9,8 +10,10 @@ call under the dispatch trace (and on a GPU the profiler, on a copy of the input
 what it saw: ``DIR/outputs.pt`` (each trial's outputs, all kept alive until the last trial ran, so
 an output buffer a later call overwrote shows) and ``DIR/result.json`` (per trial: the traced ops,
 torch functions and interpreted kernels, the GPU kernels, the facts the call reported, which
-outputs share memory with what, the exception if any; the guard's findings; with ``--time`` on a
-GPU, every timed call's time and error: common.timing.bench_fresh). The judge decides everything.
+outputs share memory with what, the exception if any; the guard's findings). With ``--time``
+(a second process, started once the trials passed) it times the performance cases instead and
+writes ``DIR/timing.json``: every timed call's time and error (common.timing.bench_fresh). The
+judge decides everything.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import sys
 import traceback
 from pathlib import Path
 
-RESULT, OUTPUTS, TRIALS = "result.json", "outputs.pt", "trials.pt"
+RESULT, OUTPUTS, TRIALS, TIMING = "result.json", "outputs.pt", "trials.pt", "timing.json"
 
 
 @contextlib.contextmanager
@@ -82,7 +85,7 @@ def _import_harness() -> None:
                 importlib.import_module(f"{pkg.__name__}.{info.name}")
 
 
-def run_trials(impl: str, io: Path, timed: bool) -> dict:
+def run_trials(impl: str, io: Path) -> dict:
     import torch
 
     _import_harness()
@@ -144,10 +147,27 @@ def run_trials(impl: str, io: Path, timed: bool) -> dict:
             patched("at import")
     patched("during the trials")
     torch.save([[o.to("cpu") for o in outs] for outs in outputs], io / OUTPUTS)
-    del outputs, kept
-    if timed and HAS_CUDA and stage.perf is not None and payload.get("time"):
-        result["timing"] = _time(stage, load, payload["seed"])
-        patched("while it was timed")
+    return result
+
+
+def run_timing(impl: str, io: Path) -> dict:
+    """The performance cases, in a process of their own (the judge starts it once the trials passed):
+    nothing the trials left behind (fake CUDA tensors, the profiler, poisoned allocations) touches
+    the timing, and the guard watches this process too."""
+    import torch
+
+    _import_harness()
+    from common import guard
+    from common.impl import load as load_impl
+    from common.stages import by_key
+
+    payload = torch.load(io / TRIALS, weights_only=True)
+    before = guard.snapshot()
+    result = {"timing": _time(by_key(payload["stage"]), lambda m: load_impl(m, impl), payload["seed"]),
+              "violations": []}
+    found = guard.changed(before)
+    if found:
+        result["violations"].append(f"the submission patched the harness or torch while it was timed: {', '.join(found)}")
     return result
 
 
@@ -179,13 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("stage", help="stage key, e.g. a03")
     ap.add_argument("--impl", required=True)
     ap.add_argument("--io", type=Path, required=True, help="the folder the judge shares with this process")
-    ap.add_argument("--time", action="store_true", help="also time the performance cases (GPU)")
+    ap.add_argument("--time", action="store_true", help="time the performance cases (GPU) instead of running the trials")
     args = ap.parse_args(argv)
     try:
-        res = run_trials(args.impl, args.io, args.time)
+        res = run_timing(args.impl, args.io) if args.time else run_trials(args.impl, args.io)
     except Exception as e:  # noqa: BLE001
         res = {"fatal": f"{type(e).__name__}: {e} | {traceback.format_exc().splitlines()[-2][:200]}"}
-    (args.io / RESULT).write_text(json.dumps(res, default=str))
+    (args.io / (TIMING if args.time else RESULT)).write_text(json.dumps(res, default=str))
     return 0
 
 
