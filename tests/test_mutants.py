@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -68,9 +67,12 @@ def outcomes(request, tmp_path_factory):
     caught = sum(r["caught"] for r in results.values())
     not_run = sum(m.gpu and not HAS_CUDA and m.id in chosen for m in MUTANTS)
     slow = sorted(results.items(), key=lambda kv: -kv[1].get("seconds", 0))[:5]
+    stale = sorted(k for k, r in results.items() if r.get("caught") and not r.get("hint_used"))
     print(f"\nmutation checks: {caught} of {len(ids)} mutants caught "
           f"({not_run} GPU-only mutants not run on this machine); slowest: "
-          + ", ".join(f"{k} {r.get('seconds', '?')} s" for k, r in slow))
+          + ", ".join(f"{k} {r.get('seconds', '?')} s" for k, r in slow)
+          + (f"; {len(stale)} caught by another test than tests/mutants/first_failures.json names (refresh it: "
+             f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --write-hints ID ...): {stale[:5]}" if stale else ""))
     return results, "\n".join(logs)
 
 
@@ -94,32 +96,30 @@ def test_mutant_is_caught(mutant, outcomes):
                          f"{missing}; it reads:\n{r.get('message', '')}")
 
 
-def _grade_alone(mutant) -> dict:
-    """The mutant graded by the grader alone: ``common.grade --no-tests`` on its stage."""
-    from mutants.run import apply
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            sub = apply(mutant, Path(tmp) / "mutant")
-        except ValueError as e:
-            return {"error": str(e)}
-        cmd = [sys.executable, "-m", "common.grade", "--impl", str(sub), "--stages", mutant.stage[:3], "--no-tests",
-               "--json", "--quiet", "--timeout", "900"]
-        r = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1200)
-    try:
-        (st,) = json.loads(r.stdout)["stages"]
-    except (ValueError, KeyError) as e:
-        return {"error": f"no report ({type(e).__name__}): {(r.stdout + r.stderr)[-2000:]}"}
-    return {"score": st["score"], "correctness": st["correctness"],
-            "report": "; ".join(st["violations"] + [st["message"]])}
-
-
 @pytest.fixture(scope="module")
-def grader_outcomes(request):
+def grader_outcomes(request, tmp_path_factory):
+    """Every chosen mutant graded by the grader alone (its trials, no tests), WORKERS judge processes
+    sharing one list (tests/mutants/grade.py: one judge imports torch and triton once for many mutants;
+    the submission runs in the judge's worker processes, as in ``common.grade --no-tests``)."""
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
-    chosen = [m for m in GRADER_MUTANTS if m.id in _chosen(request, "gmutant") and (HAS_CUDA or not m.gpu)]
-    with ThreadPoolExecutor(max_workers=max(1, WORKERS)) as pool:     # each grade is its own process
-        return dict(zip((m.id for m in chosen), pool.map(_grade_alone, chosen)))
+    ids = [m.id for m in GRADER_MUTANTS if m.id in _chosen(request, "gmutant") and (HAS_CUDA or not m.gpu)]
+    tmp = tmp_path_factory.mktemp("grader_mutants")
+    claims = tmp / "claims"
+    claims.mkdir()
+
+    def grade(w):
+        out = tmp / f"g{w}.json"
+        p = subprocess.run([sys.executable, "-m", "mutants.grade", str(out), "--claims", str(claims), *ids], cwd=REPO,
+                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
+        return (json.loads(out.read_text()) if out.exists() else {}), p.stdout[-3000:]
+    results, logs = {}, []
+    with ThreadPoolExecutor(max_workers=max(1, WORKERS)) as pool:
+        for found, log in pool.map(grade, range(max(1, min(WORKERS, len(ids))))):
+            results.update(found)
+            logs.append(log)
+    return {mid: results.get(mid, {"error": "not graded (a judge process crashed?):\n" + "\n".join(logs)})
+            for mid in ids}
 
 
 @pytest.mark.mutants

@@ -1,8 +1,10 @@
-"""Grade mutants in one process: ``python -m mutants.run OUT.json [--claims DIR] ID [ID ...]`` (tests/ on sys.path).
+"""Grade mutants in one process: ``python -m mutants.run OUT.json [--write-hints] [--claims DIR] ID [ID ...]``
+(tests/ on sys.path).
 
 For each mutant: copy solutions/ to a temporary folder, apply the edits, and run the
 stage's graded tests on that copy with ``pytest.main`` (``-x``: the first failure is
-enough). Each copy imports under its own package name (common.impl), so one process
+enough), the test named in first_failures.json first and alone (``--write-hints`` regrades every
+given mutant on its whole test file and records which test caught it first). Each copy imports under its own package name (common.impl), so one process
 can grade many mutants without reloading torch and triton every time. With ``--claims DIR``
 several such processes share one list: each takes the next mutant no other has claimed (an
 empty file per mutant in DIR, named by a hash of its id, created exclusively), so a slow stage does not leave one
@@ -65,8 +67,22 @@ def _claim(claims: Path | None, mid: str) -> bool:
         return False
 
 
-def run(ids: list[str], claims: Path | None = None) -> dict[str, dict]:
+#: The test that caught each mutant first when the hints were last written (``--write-hints``): it runs
+#: first, alone, and only if it passes does the whole file run (a mutant caught by the last test of a
+#: slow file costs one test, not the file). A stale hint costs time, never a wrong verdict.
+HINTS = Path(__file__).with_name("first_failures.json")
+
+
+def _grade_with_pytest(target: str, sub: Path) -> tuple[_Outcome, int]:
+    out = _Outcome()
+    code = pytest.main([target, "--impl", str(sub), "-m", "graded", "-x", "-q", "--tb=no", "--no-header",
+                        "-p", "no:cacheprovider"], plugins=[out])
+    return out, int(code)
+
+
+def run(ids: list[str], claims: Path | None = None, hints: bool = True) -> dict[str, dict]:
     wanted = {m.id: m for m in all_mutants()}
+    known = json.loads(HINTS.read_text()) if hints and HINTS.exists() else {}
     results = {}
     for mid in ids:
         if not _claim(claims, mid):
@@ -79,11 +95,14 @@ def run(ids: list[str], claims: Path | None = None) -> dict[str, dict]:
             except ValueError as e:
                 results[mid] = {"caught": False, "error": str(e)}
                 continue
-            out = _Outcome()
-            code = pytest.main([str(REPO / "tests" / m.test_file), "--impl", str(sub), "-m", "graded", "-x",
-                                "-q", "--tb=no", "--no-header", "-p", "no:cacheprovider"], plugins=[out])
-            results[mid] = {"caught": bool(out.failed), "exit": int(code), "first_failure": out.failed[:1],
-                            "message": out.message, "seconds": round(time.perf_counter() - t0, 1)}
+            path = str(REPO / "tests" / m.test_file)
+            hinted = known.get(mid)
+            out, code = _grade_with_pytest(f"{path}::{hinted}", sub) if hinted else (None, 0)
+            if out is None or not out.failed:           # no hint, or a stale one: the whole file
+                out, code = _grade_with_pytest(path, sub)
+            results[mid] = {"caught": bool(out.failed), "exit": code, "first_failure": out.failed[:1],
+                            "message": out.message, "seconds": round(time.perf_counter() - t0, 1),
+                            "hint_used": bool(hinted and out.failed and out.failed[0] == hinted)}
         print(f"{mid}: {'caught' if results[mid]['caught'] else 'NOT CAUGHT'} in {results[mid]['seconds']} s",
               file=sys.stderr, flush=True)
     return results
@@ -91,7 +110,14 @@ def run(ids: list[str], claims: Path | None = None) -> dict[str, dict]:
 
 if __name__ == "__main__":
     args = sys.argv[2:]
-    claims = None
+    claims, write_hints = None, False
+    if args[:1] == ["--write-hints"]:           # grade every mutant on the whole file, record its first failure
+        write_hints, args = True, args[1:]
     if args[:1] == ["--claims"]:
         claims, args = Path(args[1]), args[2:]
-    Path(sys.argv[1]).write_text(json.dumps(run(args, claims), indent=1))
+    found = run(args, claims, hints=not write_hints)
+    Path(sys.argv[1]).write_text(json.dumps(found, indent=1))
+    if write_hints:
+        hints = json.loads(HINTS.read_text()) if HINTS.exists() else {}
+        hints.update({mid: r["first_failure"][0] for mid, r in found.items() if r.get("first_failure")})
+        HINTS.write_text(json.dumps(dict(sorted(hints.items())), indent=1) + "\n")
