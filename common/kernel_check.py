@@ -236,6 +236,36 @@ def input_copies(call: Callable[[], object], **watched: torch.Tensor) -> tuple[o
     return out, list(dict.fromkeys(found))
 
 
+# ----------------------------------------------------------------------------- host syncs
+#: Tensor methods that read a device value on the host: on a GPU each waits for the device (a sync),
+#: and a CUDA graph cannot hold one (capture fails, or the value is baked in).
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def host_syncs() -> Iterator[list[str]]:
+    """``with host_syncs() as found: step()``: the host reads of tensor values ``step`` made
+    (``.tolist()``, ``.item()``, ``.cpu()``, ``bool(t)``, ``int(t)``, a tensor as a Python index...),
+    one line each with the tensor's shape. Works on the CPU too, where such a read costs nothing but
+    on a GPU would synchronise; the Triton interpreter's own reads (running a kernel) are left out."""
+    found: list[str] = []
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def wrap(name, fn):
+        def seen(self, *args, **kwargs):
+            if not in_interpreted_kernel():
+                found.append(f"Tensor.{name}() on a tensor of shape {tuple(self.shape)}")
+            return fn(self, *args, **kwargs)
+        return seen
+    for name, fn in saved.items():
+        setattr(torch.Tensor, name, wrap(name, fn))
+    try:
+        yield found
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, fn)
+
+
 # ----------------------------------------------------------------------------- memory contracts
 @dataclass
 class NewTensor:

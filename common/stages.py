@@ -40,7 +40,7 @@ from .roofline import (attention_flops, elementwise_bytes, gpt2_decode_bytes, gp
 from .shapes import ATTENTION_HEADS, GPT2_MODELS, attention_batch, gpt2_gemms
 from .kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, BIAS_KERNEL, DECODE_ATTENTION, ENGINE, FUSED_LINEAR,
                            GELU_KERNEL, LAYERNORM_KERNEL, MATMUL_KERNEL, NOTHING, WRITE_KV, Forbidden,
-                           attention_tile_bound, held_tensors, input_copies, largest_new_tensor,
+                           attention_tile_bound, held_tensors, host_syncs, input_copies, largest_new_tensor,
                            tile_message)
 from .testing import REL_TOL, calibrated_tol, random_gpt2, rel_error, torch_attention, torch_matmul
 
@@ -906,8 +906,9 @@ def a08_engine_generate(r: Run, seed: int, n_head: int, prompts: list, new: int)
 @_call
 def a08_decode_work(r: Run, seed: int, n_head: int, prompts: list, follow: list):
     """A decode step's work must not grow with the context: every GEMM has B rows (one token per
-    sequence) and no prefill attention runs. The engine's matmul entry points are wrapped to see
-    the rows of each GEMM it issues during decode_step (facts for the judge)."""
+    sequence) and no prefill attention runs; and it reads no device value on the host (.tolist(),
+    .item(), bool(t): a sync a CUDA graph cannot hold). The engine's matmul entry points are wrapped
+    to see the rows of each GEMM it issues during decode_step (facts for the judge)."""
     eng = r.load("a08_gpt2_inference.engine")
     engine = _new_engine(r, seed, n_head, len(prompts), 32)
     ids, lens = engine.pad(prompts)
@@ -934,25 +935,32 @@ def a08_decode_work(r: Run, seed: int, n_head: int, prompts: list, follow: list)
     patched = {name: fn for name, fn in (("matmul", seen_matmul), ("attention_forward", seen_attention))
                if getattr(eng, name, None) is not None}
     saved = {name: getattr(eng, name) for name in patched}
+    toks = [torch.tensor(f, device=engine.device) for f in follow]
     try:
         for name, fn in patched.items():
             setattr(eng, name, fn)
         logits = []
-        for f in follow:
-            logits.append(engine.decode_step(torch.tensor(f, device=engine.device)).clone())
-            logits = logits[:-1] + list(logits[-1])           # one [vocab] row per sequence
+        with host_syncs() as syncs:
+            for tok in toks:
+                logits.append(engine.decode_step(tok).clone())
+                logits = logits[:-1] + list(logits[-1])       # one [vocab] row per sequence
     finally:
         for name, fn in saved.items():
             setattr(eng, name, fn)
         del engine.linear
     r.fact("gemm_rows", sorted(set(rows)))
     r.fact("prefill_attention_calls", prefill_attention[0])
+    r.fact("host_syncs", sorted(set(syncs))[:5])
     return tuple(logits)
 
 
 def _decode_work_judge(batch: int):
     def judge(facts: dict) -> str | None:
         rows, calls = facts.get("gemm_rows", []), facts.get("prefill_attention_calls", 0)
+        if facts.get("host_syncs"):
+            return (f"decode_step reads device values on the host ({'; '.join(facts['host_syncs'])}): on a GPU each "
+                    "is a synchronisation, and the step is replayed from a CUDA graph, which cannot hold one. Keep "
+                    "the lengths and tokens on the device (cache.lengths, indexing with tensors)")
         if calls or any(n != batch for n in rows):
             return (f"decode_step recomputes the context: its GEMMs had {rows} rows and the prefill attention ran "
                     f"{calls} times, where a decode step's GEMMs have B = {batch} rows (one new token per sequence) "
@@ -1018,7 +1026,7 @@ def _engine_trials(g, rng) -> list[Trial]:
     follow = [[f[j] for f in follow] for j in range(2)]
     full = teacher_forced(prompts, [[f[i] for f in follow] for i in range(2)], 2)
     trials.append(Trial(f"GPT2Engine fp32: the work of decode_step after prompts of {lengths} tokens (GEMMs of "
-                        "B rows, no prefill attention)", "a08_decode_work",
+                        "B rows, no prefill attention, no host sync)", "a08_decode_work",
                         dict(seed=seed, n_head=n_head, prompts=prompts, follow=follow), full[2:],
                         REL_TOL[torch.float32], judge=_decode_work_judge(len(prompts)), **forbid))
     return trials

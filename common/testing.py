@@ -85,17 +85,28 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | N
     r = ref.detach().to("cpu", torch.float64)
     err = rel_error(out, ref, scale)
     tol = rel_tol if rel_tol is not None else REL_TOL[dt]
-    assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e} for {dt}"
     atol, rtol = ELEM_TOL[dt]
     big = r.abs().max().item() if r.numel() else 1.0
     mag = r.abs() if scale is None else torch.maximum(r.abs(), scale.detach().to("cpu", torch.float64))
     close = (o - r).abs() <= atol * max(big, 1.0) + rtol * mag
+    where = _first_bad(out, o, r, close)
+    assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e} for {dt}{where}"
     if not close.all():
-        idx = (~close).nonzero()[0].tolist()
-        raise AssertionError(
-            f"{name}: {int((~close).sum())} of {o.numel()} elements off, first at {idx}: "
-            f"got {o[tuple(idx)].item():.6g}, expected {r[tuple(idx)].item():.6g} ({dt})")
+        raise AssertionError(f"{name}: {int((~close).sum())} of {o.numel()} elements off ({dt}){where}")
     return err
+
+
+def _first_bad(out: torch.Tensor, o: torch.Tensor, r: torch.Tensor, close: torch.Tensor) -> str:
+    """'; first bad element at [i, j]: got .., expected ..; output shape .., strides ..' (the place to
+    look), or the shape and strides alone when every element is within its own tolerance."""
+    layout = f"output shape {tuple(out.shape)}, strides {tuple(out.stride())}"
+    if close.all() or not o.numel():
+        return f" ({layout})"
+    bad = (~close).nonzero()
+    idx = bad[0].tolist()
+    rows = f", {len(set(bad[:, 0].tolist()))} of {o.shape[0]} rows (first dim) affected" if o.dim() > 1 else ""
+    return (f"; {int((~close).sum())} of {o.numel()} elements off{rows}, the first at {idx}: got "
+            f"{o[tuple(idx)].item():.6g}, expected {r[tuple(idx)].item():.6g} ({layout})")
 
 
 #: Calibrated tolerances: a submission may be this many times less accurate than PyTorch's own

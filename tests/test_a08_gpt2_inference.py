@@ -20,7 +20,8 @@ import torch
 
 from common import DEVICE, HAS_CUDA
 from common import reference
-from common.kernel_check import DECODE_ATTENTION, ENGINE, LAYERNORM_KERNEL, WRITE_KV, assert_is_kernel, called, watch
+from common.kernel_check import (DECODE_ATTENTION, ENGINE, LAYERNORM_KERNEL, WRITE_KV, assert_is_kernel, called, host_syncs,
+                                 watch)
 from common.testing import REL_TOL, assert_close, non_contiguous, random_gpt2, randn, rel_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -335,19 +336,21 @@ def test_generate_matches_transformers(eng, tiny_model, lengths, seed):
 
 def test_decode_step_uses_the_course_kernels(eng, tiny_model, seed):
     """A decode step calls no PyTorch matmul, LayerNorm, GELU, softmax or attention, and reads no
-    device value with .item() (a host sync, which a CUDA graph cannot hold; on a GPU the graph
-    capture in test_generate_gpt2_small_64_tokens fails on any sync, .tolist() included)."""
+    device value on the host (.item(), .tolist(), bool(t), int(t), .cpu(): a host sync, which a CUDA
+    graph cannot hold), seen on the CPU too (common.kernel_check.host_syncs)."""
     engine = _engine(eng, tiny_model)
     ids, lengths = engine.pad(_prompts([4, 9], TINY["vocab_size"], seed))
     engine.prefill(ids, lengths)
     tok = torch.tensor([3, 5], device=engine.device)
-    with watch(ENGINE) as t:
+    with watch(ENGINE) as t, host_syncs() as syncs:
         logits = engine.decode_step(tok)
     assert logits.shape == (2, TINY["vocab_size"]), f"decode_step returned shape {tuple(logits.shape)}"
     bad = called(t, ENGINE)
     assert not bad, f"decode_step called PyTorch for the kernels' work: {bad}"
-    syncs = [op for op in t.ops if "_local_scalar_dense" in op or "item" in op]
-    assert not syncs, f"decode_step reads device values on the host ({syncs}); keep the lengths on the device"
+    syncs += [op for op in t.ops if "_local_scalar_dense" in op]
+    assert not syncs, (f"decode_step reads device values on the host ({sorted(set(syncs))}): on a GPU each is a "
+                       "synchronisation, which the CUDA graph the step is replayed from cannot hold; keep the lengths "
+                       "and tokens on the device (cache.lengths, index with tensors, no .tolist()/.item()/if t:)")
     with watch(ENGINE) as t:
         engine.prefill(ids, lengths)
     bad = called(t, ENGINE)
