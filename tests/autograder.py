@@ -36,13 +36,17 @@ import pytest
 
 from common import HAS_CUDA, TRITON_INTERPRET
 from common.cuda_ext import nvcc_path
-from common.impl import ENV_VAR, Impl
+from common.impl import BORROW_VAR, ENV_VAR, Impl, borrowed
 
 
 
 def pytest_addoption(parser):
     parser.addoption("--impl", default=None,
                      help="what to grade: assignments (default), solutions, or a path laid out like assignments/")
+    parser.addoption("--borrow", default=None,
+                     help="stages to take from solutions/ where another stage imports them, e.g. a06,a07: try "
+                          "stage 8 (which runs on your a06 matmul and a07 attention) before those are done; the "
+                          "borrowed stages' own tests are skipped")
     parser.addoption("--mutants", action="store_true", default=False,
                      help="also run the slow course self-checks (marked 'mutants': the mutation checks of "
                           "tests/mutants/, by pytest and by the grader, and the stub check); make test passes it")
@@ -102,6 +106,9 @@ def pytest_configure(config):
     impl = config.getoption("--impl")
     if impl is not None:
         os.environ[ENV_VAR] = str(impl)
+    if config.getoption("--borrow"):
+        os.environ[BORROW_VAR] = config.getoption("--borrow")
+        borrowed()                          # a stage that does not exist: the usage error, now
     # The harness and torch as they are before any submission is imported (graded tests are checked
     # against it when they end: see _harness_untouched).
     from common import guard
@@ -120,7 +127,8 @@ def pytest_report_header(config):
     why = getattr(config, "course_workers_why", None)
     workers = (f"  |  {config.option.numprocesses} worker processes, a test file each ({why}; "
                "COURSE_WORKERS=0: one process)" if why else "")
-    return (f"impl: {Impl.get().root}  |  GPU: {'yes' if HAS_CUDA else 'no (GPU tests skip; Triton runs interpreted)'}"
+    lent = f"  |  borrowed from solutions/: {os.environ[BORROW_VAR]}" if os.environ.get(BORROW_VAR) else ""
+    return (f"impl: {Impl.get().root}{lent}  |  GPU: {'yes' if HAS_CUDA else 'no (GPU tests skip; Triton runs interpreted)'}"
             f"  |  nvcc: {nvcc_path() or 'not found'}" + workers)
 
 
@@ -133,7 +141,11 @@ def pytest_collection_modifyitems(config, items):
                                           "the GPU tests build and run them")
     no_mutants = pytest.mark.skip(reason="slow course self-check: runs with --mutants (make test, CI)")
     mutants = config.getoption("--mutants")
+    lent = borrowed() if Impl.get().package != "solutions" else []
     for item in items:
+        if any(Path(str(item.fspath)).name.startswith(f"test_{folder}") for folder in lent):
+            item.add_marker(pytest.mark.skip(reason=f"borrowed from solutions/ ({os.environ.get(BORROW_VAR)}): "
+                                                    "not your code, not tested"))
         if "mutants" in item.keywords and not mutants:
             item.add_marker(no_mutants)
         if "impl" in getattr(item, "fixturenames", ()) and "given" not in item.keywords:

@@ -66,7 +66,9 @@ def _validate_gradescope(doc: dict) -> None:
 def test_solutions_full_marks_and_gradescope_format(tmp_path):
     report, gs, table = _grade("solutions", tmp_path, "a01,a02,a03")
     _validate_gradescope(gs)
-    assert [s["correctness"] for s in report["stages"]] == ["pass"] * 3, table
+    assert all(s["correctness"].startswith("pass") for s in report["stages"]), table
+    if not torch.cuda.is_available():       # a01's transfer_report runs on a GPU only: not a plain pass here
+        assert report["stages"][0]["correctness"].startswith("pass on CPU (") and "need a GPU" in table, table
     assert all(s["score"] == s["max_score"] for s in report["stages"]), table
     assert "a03_fused_linear" in table and "total" in table
 
@@ -120,7 +122,7 @@ def test_failed_test_is_not_a_pass(tmp_path):
     st = report["stages"][0]
     assert st["tests_failed"] == 1 and st["trials_passed"] == st["trials_total"], table
     ran = st["tests_passed"] + st["tests_failed"]
-    assert st["correctness"] == "partial" and st["score"] == round(5 * (ran - 1) / ran + 5, 2), table
+    assert st["correctness"].startswith("partial") and st["score"] == round(5 * (ran - 1) / ran + 5, 2), table
 
 
 @SELF_CHECK
@@ -233,7 +235,7 @@ def test_crash_and_hang_fail_only_their_stage(tmp_path):
     report, gs, table = _grade(sub, tmp_path, "a01,a02,a03", "--no-tests", "--timeout", "30")
     _validate_gradescope(gs)
     a01, a02, a03 = report["stages"]
-    assert a01["correctness"] == "pass", table
+    assert a01["correctness"] == "pass", table      # --no-tests: the trials alone, all on the CPU
     assert a02["correctness"] == "fail" and "crashed" in a02["message"], table
     assert a03["correctness"] == "fail" and "timed out" in a03["message"], table
     assert a02["score"] == a03["score"] == 0 and a01["score"] == a01["max_score"], table  # trials alone carry the score
@@ -502,3 +504,29 @@ def test_graded_speed_shapes_are_swept_by_the_benches():
     assert set(stages.A07_SHAPES) <= configs, stages.A07_SHAPES
     assert any(s % 16 for _, _, s, _ in stages.A07_SHAPES)
     assert len(stages.GELU_SHAPES) >= 2 and any(math.prod(sh) % 2 for sh in stages.GELU_SHAPES)
+
+
+@SELF_CHECK
+def test_stage_8_says_what_it_runs_on_and_borrows(tmp_path):
+    """Stage 8 done on top of unfinished a06/a07: its engine tests say so (not "relative error inf"),
+    and --borrow a06,a07 runs them on the reference a06 and a07."""
+    sub = tmp_path / "sub"
+    shutil.copytree(REPO / "assignments", sub, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.rmtree(sub / "a08_gpt2_inference")
+    shutil.copytree(REPO / "solutions" / "a08_gpt2_inference", sub / "a08_gpt2_inference",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    cmd = [sys.executable, "-m", "pytest", "tests/test_a08_gpt2_inference.py", "--impl", str(sub), "-q", "-x",
+           "-p", "no:cacheprovider", "-k", "test_decode_logits and dtype0"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "stage 8 runs on your a06 matmul" in r.stdout and "--borrow a06,a07" in r.stdout, \
+        r.stdout[-3000:]
+    r = subprocess.run(cmd + ["--borrow", "a06,a07"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:]
+
+
+def test_borrowed_stages_are_named_in_the_report():
+    from common.grade import StageResult, gradescope, table
+    r = StageResult("a08_gpt2_inference", "x", tests_passed=3, trials_passed=14, trials_total=14, correctness="pass",
+                    score=10, borrowed=["a06", "a07"])
+    assert "ran on a06, a07 borrowed from solutions/" in table([r], "sub", "none", width=200)
+    assert "borrowed from solutions/ (--borrow)" in gradescope([r], 1.0)["tests"][0]["output"]

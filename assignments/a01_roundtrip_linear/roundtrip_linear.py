@@ -3,8 +3,8 @@
 Given code: :class:`RoundTripLinear`, a Linear layer written the slow way on
 purpose. Every call copies the weight GPU->CPU, transposes it on the CPU, copies
 it back CPU->GPU, multiplies on the GPU, then copies the output GPU->CPU, adds
-the bias there and copies the result back. That is 4 host transfers per call
-with a bias and 2 without.
+the bias there and copies the result back. How many host transfers is that per
+call, with a bias and without? Your counter answers it (answers.toml).
 
 Your work (see README.md):
 1. :class:`HostTransferCounter.__torch_dispatch__`: count host<->device copies

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-json", type=Path, help="write a Gradescope results.json here")
     ap.add_argument("--plots", type=Path, help="write speedup.png and roofline.png here (GPU runs)")
     ap.add_argument("--no-tests", action="store_true", help="skip the pytest part (trials and timing only)")
+    ap.add_argument("--borrow", help="stages to take from solutions/ where another stage imports them, e.g. a06,a07 "
+                                     "(stage 8 runs on a06 and a07); the borrowed stages are graded on your own code")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--submissions", type=Path, help="grade every sub-folder of this folder")
     ap.add_argument("--out", type=Path, default=Path("grade-results"), help="with --submissions: output folder")
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                           sandbox=not args.no_sandbox, memory_gb=args.memory_gb)
     import torch
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    results, secs = grade(args.impl, stages, args.timeout, not args.no_tests, args.quiet or args.json)
+    results, secs = grade(args.impl, stages, args.timeout, not args.no_tests, args.quiet or args.json, args.borrow)
     report = report_json(results, str(args.impl), gpu, secs)
     if args.json:
         print(json.dumps(report, indent=1))

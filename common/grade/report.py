@@ -6,7 +6,7 @@ report (``--json``, ``--json-out``; committed examples in ``lectures/results/gra
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .result import WorkerResult
@@ -26,6 +26,8 @@ class StageResult(WorkerResult):
     score: float = 0.0
     max_score: float = CORRECT_POINTS
     seconds: float = 0.0
+    #: stages taken from solutions/ where this one imports them (``--borrow``): it ran on those
+    borrowed: list = field(default_factory=list)
 
 
 TIMING_COLUMNS = ("ms", "baseline ms", "speedup", "achieved", "roofline", "kernels", "H<->D", "eager ms (base)")
@@ -36,6 +38,10 @@ NOT_IMPLEMENTED = "not implemented yet"
 
 def _notes(r: StageResult, timed: bool) -> tuple[str, str]:
     """(short note for the table's notes column, the full note)."""
+    if r.borrowed:
+        lent = f"ran on {', '.join(r.borrowed)} borrowed from solutions/"
+        short, full = _notes(StageResult(**{**asdict(r), "borrowed": []}), timed)
+        return lent + (f"; {short}" if short else ""), lent + (f"; {full}" if full else "")
     if r.violations:
         full = "; ".join(r.violations + ([r.message] if r.message else []))
         return full, full
@@ -125,6 +131,8 @@ def gradescope(results: list[StageResult], seconds: float) -> dict:
         elif r.perf_note:
             lines.append(f"performance: {r.perf_note}")
         lines += r.violations + ([r.message] if r.message else [])
+        if r.borrowed:
+            lines.append(f"ran on {', '.join(r.borrowed)} borrowed from solutions/ (--borrow): graded as such")
         tests.append({"name": f"{r.stage}: {r.title}", "score": r.score, "max_score": r.max_score,
                       "status": "passed" if r.score == r.max_score else "failed",
                       "output": "\n".join(lines), "visibility": "visible"})

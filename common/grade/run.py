@@ -16,14 +16,14 @@ from dataclasses import fields
 from pathlib import Path
 from .judge import run_stage
 from .report import StageResult
-from .score import FAIL, score
+from .score import FAIL, PARTIAL, PASS, score
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def junit_outcomes(xml: Path) -> dict:
     """Test ids by outcome from a pytest junit report, and the first failure's message."""
-    out = {"passed": [], "failed": [], "skipped": [], "first_failure": ""}
+    out = {"passed": [], "failed": [], "skipped": [], "skipped_gpu": [], "first_failure": ""}
     for case in ET.parse(xml).getroot().iter("testcase"):
         kinds = {c.tag: c for c in case}
         name = f"{case.get('classname')}::{case.get('name')}"
@@ -34,15 +34,18 @@ def junit_outcomes(xml: Path) -> dict:
                 out["first_failure"] = f"{case.get('name')}: {msg[0][:200] if msg else ''}"
         elif "skipped" in kinds:
             out["skipped"].append(name)
+            if "needs a CUDA GPU" in (kinds["skipped"].get("message") or ""):
+                out["skipped_gpu"].append(name)
         else:
             out["passed"].append(name)
     return out
 
 
-def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, str]:
+def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, str, int]:
+    """(passed, failed, skipped, the first failure's message, how many skipped for want of a GPU)."""
     test = REPO / "tests" / f"test_{folder}.py"
     if not test.exists():
-        return 0, 0, 0, f"no test file {test.name}"
+        return 0, 0, 0, f"no test file {test.name}", 0
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", str(test), "--impl", str(impl), "-q", "-p", "no:cacheprovider",
@@ -52,13 +55,14 @@ def _run_tests(impl: Path, folder: str, timeout: float) -> tuple[int, int, int, 
         try:
             r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            return 0, 1, 0, f"tests timed out after {timeout:.0f} s"
+            return 0, 1, 0, f"tests timed out after {timeout:.0f} s", 0
         if not xml.exists():
             test = running.read_text().strip() if running.exists() else ""
             return 0, 1, 0, f"tests {_died(r.returncode)}" + (f" while running {test}" if test else
-                                                                 f": {(r.stdout + r.stderr)[-300:]}")
+                                                                 f": {(r.stdout + r.stderr)[-300:]}"), 0
         out = junit_outcomes(xml)
-        return len(out["passed"]), len(out["failed"]), len(out["skipped"]), out["first_failure"]
+        return (len(out["passed"]), len(out["failed"]), len(out["skipped"]), out["first_failure"],
+                len(out["skipped_gpu"]))
 
 
 def _died(returncode: int) -> str:
@@ -76,9 +80,9 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
     from common import HAS_CUDA
     t0 = time.time()
     if run_tests:
-        passed, failed, skipped, first = _run_tests(impl, stage.folder, timeout)
+        passed, failed, skipped, first, gpu_only = _run_tests(impl, stage.folder, timeout)
     else:
-        passed, failed, skipped, first = 0, 0, 0, ""
+        passed, failed, skipped, first, gpu_only = 0, 0, 0, "", 0
     w = run_stage(impl, stage, timeout)
     message, not_implemented = w.message, list(w.not_implemented)
     if first and failed:
@@ -90,8 +94,14 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
     s = score(tests_passed=passed, tests_failed=failed, trials=w.correctness, violations=bool(w.violations),
               run_tests=run_tests, timed=HAS_CUDA and stage.perf is not None, speedup=w.speedup,
               perf_target=stage.perf_target)
+    label = s.correctness
+    if gpu_only and not HAS_CUDA and label in (PASS, PARTIAL):
+        # What a CPU cannot check is never shown as a plain pass: the points are those of the CPU's checks.
+        label = f"{label} on CPU ({gpu_only} checks need a GPU)"
+        message = "; ".join(x for x in (message, f"{gpu_only} graded tests run on a GPU only: not yet checked, "
+                                                  "the score counts the tests this machine ran") if x)
     found = {f.name: getattr(w, f.name) for f in fields(w)}     # StageResult extends WorkerResult
-    found.update(correctness=s.correctness, message=message, not_implemented=not_implemented)
+    found.update(correctness=label, message=message, not_implemented=not_implemented)
     return StageResult(stage.folder, stage.title, tests_passed=passed, tests_failed=failed, tests_skipped=skipped,
                        score=s.score, max_score=s.max_score, seconds=round(time.time() - t0, 1), **found)
 
@@ -107,17 +117,36 @@ def _bar(i: int, n: int, label: str) -> None:
 
 
 def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool = True,
-          quiet: bool = False) -> tuple[list[StageResult], float]:
-    from common.impl import resolve
+          quiet: bool = False, borrow: str | None = None) -> tuple[list[StageResult], float]:
+    """Grade ``impl`` stage by stage. ``borrow`` ("a06,a07"): those stages are taken from solutions/
+    where another stage imports them (stage 8 on the reference a06 and a07); each borrowed stage is
+    still graded on the impl's own code, and the others' rows say what they ran on."""
+    from common.impl import BORROW_VAR, borrowed, resolve
     from common.stages import STAGES
     root = resolve(impl)
     todo = [s for s in STAGES if not stages or s.key in stages or s.folder in stages]
+    saved = os.environ.get(BORROW_VAR)
+    if borrow:
+        os.environ[BORROW_VAR] = borrow
+    lent = borrowed()
     t0 = time.time()
     results = []
-    for i, st in enumerate(todo):
-        if not quiet:
-            _bar(i, len(todo), f"{st.folder} ...")
-        results.append(grade_stage(root, st, timeout, run_tests))
+    try:
+        for i, st in enumerate(todo):
+            if not quiet:
+                _bar(i, len(todo), f"{st.folder} ...")
+            if st.folder in lent:                       # a borrowed stage is graded on its own code
+                os.environ.pop(BORROW_VAR, None)
+            elif lent:
+                os.environ[BORROW_VAR] = ",".join(f[:3] for f in lent)
+            r = grade_stage(root, st, timeout, run_tests)
+            if lent and st.folder not in lent:
+                r.borrowed = [f[:3] for f in lent]
+            results.append(r)
+    finally:
+        os.environ.pop(BORROW_VAR, None)
+        if saved is not None:
+            os.environ[BORROW_VAR] = saved
     if not quiet:
         _bar(len(todo), len(todo), "done")
         if sys.stderr.isatty():
