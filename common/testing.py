@@ -68,7 +68,15 @@ def _check_output(out, ref: torch.Tensor, dtype: torch.dtype | None, name: str) 
         assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
     o = out.detach().to("cpu", torch.float64)
     bad = ~torch.isfinite(o)
-    assert not bad.any(), f"{name}: {int(bad.sum())} of {o.numel()} elements are NaN/inf (unwritten or overflowed?)"
+    if bad.any():
+        n = int(bad.sum())
+        first = bad.nonzero()[0].tolist()
+        if n == o.numel():
+            raise AssertionError(f"{name}: every element is NaN/inf: the output was never written (not implemented "
+                                 "yet?), or all of it overflowed")
+        raise AssertionError(f"{name}: {n} of {o.numel()} elements are NaN/inf, the first at {first} (output shape "
+                             f"{tuple(out.shape)}): never written (check the grid and the mask: do the programs "
+                             "cover every row and column?) or overflowed")
     return o
 
 

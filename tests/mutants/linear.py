@@ -53,4 +53,9 @@ MUTANTS = [
            [("y = add_bias_(x2 @ w, self.bias)", "y = torch.nn.functional.linear(x2, self.weight, self.bias)")]),
     Mutant("a03_fused_linear", "fused_linear.py", "no device/dtype check",
            [("x.device != w.device or x.dtype != w.dtype or ", "")]),
+    # The grid rounded down: the last partial block of rows and columns is never written. The grader
+    # says so ("N of M outputs never written ... check the grid and the mask"), not "not implemented".
+    Mutant("a03_fused_linear", "add_bias.py", "grid rounded down (the last partial blocks never written)",
+           [("grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))", "grid = (M // BLOCK_M, N // BLOCK_N)")],
+           grader=("outputs never written (still NaN): check the grid and the mask",)),
 ]
