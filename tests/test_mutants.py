@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,6 +75,20 @@ def outcomes(request, tmp_path_factory):
           + (f"; {len(stale)} caught by another test than tests/mutants/first_failures.json names (refresh it: "
              f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --write-hints ID ...): {stale[:5]}" if stale else ""))
     return results, "\n".join(logs)
+
+
+def test_every_mutant_applies():
+    """Each mutant's edits still match the solution they edit, GPU-only ones too (a CPU run never grades
+    those, so an edit a change of the solution broke would otherwise show only on the GPU machine)."""
+    from mutants.run import apply
+    broken = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, m in enumerate(MUTANTS):
+            try:
+                apply(m, Path(tmp) / str(n))
+            except ValueError as e:
+                broken.append(str(e)[:200])
+    assert not broken, "\n".join(broken)
 
 
 def test_mutant_ids_are_unique():
