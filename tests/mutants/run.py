@@ -1,7 +1,7 @@
 """Grade mutants in one process: ``python -m mutants.run OUT.json [--claims DIR] ID [ID ...]`` (tests/ on sys.path).
 
 For each mutant: copy solutions/ to a temporary folder, apply the edits, and run the
-stage's graded tests on that copy with ``pytest.main`` (``-x``: the first failure is
+stage's graded tests (``Mutant.marker``) on that copy with ``pytest.main`` (``-x``: the first failure is
 enough). Each copy imports under its own package name (common.impl), so one process
 can grade many mutants without reloading torch and triton every time. With ``--claims DIR``
 several such processes share one list: each takes the next mutant no other has claimed (an
@@ -80,7 +80,7 @@ def run(ids: list[str], claims: Path | None = None) -> dict[str, dict]:
                 results[mid] = {"caught": False, "error": str(e)}
                 continue
             out = _Outcome()
-            code = pytest.main([str(REPO / "tests" / m.test_file), "--impl", str(sub), "-m", "graded", "-x",
+            code = pytest.main([str(REPO / "tests" / m.test_file), "--impl", str(sub), "-m", m.marker, "-x",
                                 "-q", "--tb=no", "--no-header", "-p", "no:cacheprovider"], plugins=[out])
             results[mid] = {"caught": bool(out.failed), "exit": int(code), "first_failure": out.failed[:1],
                             "message": out.message, "seconds": round(time.perf_counter() - t0, 1)}
