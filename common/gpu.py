@@ -82,7 +82,7 @@ def describe(device=None) -> str:
 def missing(major: int, minor: int, what: str, device=None, *, exact: bool = False) -> str | None:
     """None if ``device`` has compute capability >= (major, minor) (``exact``: == it), else the reason
     it cannot run ``what``, naming both: "stage 7c uses Hopper's TMA and wgmma: it needs an sm_90 GPU
-    (H100/H200); this GPU is NVIDIA A100 (sm_80)". For skips, refusals and the grader's notes."""
+    (H100, H200); this GPU is NVIDIA A100-SXM4-80GB (sm_80)". For skips, refusals and the grader's notes."""
     cap = capability(device)
     ok = cap is not None and (cap == (major, minor) if exact else cap >= (major, minor))
     if ok:
@@ -122,7 +122,7 @@ def shared_memory_per_block(device=None) -> int | None:
         return None
     index = _index(device)
     value = getattr(_props(index), "shared_memory_per_block_optin", None)
-    if not value:   # torch before 2.6 lacks the field: ask Triton's driver (the number it checks against)
+    if not value:   # an older torch lacks the field: ask Triton's driver (the number it checks against)
         from triton.runtime import driver
         value = driver.active.utils.get_device_properties(index)["max_shared_mem"]
     return int(value)

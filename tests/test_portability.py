@@ -152,6 +152,29 @@ def test_the_gpu_table_is_the_one_the_readme_shows():
         assert f"{a.smem_per_block // 1024} KB" in readme, f"README's GPU table lacks {a.name}'s {a.smem_per_block // 1024} KB"
 
 
+@pytest.mark.given
+@pytest.mark.parametrize("name, cap, versions", [("Tesla T4", (7, 5), (1, 2, 3, 4)),
+                                                  ("NVIDIA A100-SXM4-80GB", (8, 0), (1, 2, 3, 4, 5, 6)),
+                                                  ("NVIDIA GeForce RTX 4090", (8, 9), (1, 2, 3, 4, 5, 6)),
+                                                  ("NVIDIA H100 80GB HBM3", (9, 0), (1, 2, 3, 4, 5, 6, 7))])
+def test_cuda_versions_each_gpu_runs_and_why_not(impl, monkeypatch, name, cap, versions):
+    """The CUDA matmul versions a GPU runs (the wrapper's ``unsupported``, the grader's trials), and a
+    refusal that names what the version needs and the GPU found (a GPU faked on the CPU)."""
+    import torch
+
+    from common import stages
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    mod = impl.load("a06_matmul.matmul_cuda")
+    assert tuple(v for v in range(1, 8) if not mod.unsupported(v)) == versions
+    assert stages._a06_cuda_versions() == versions
+    for v in sorted(set(range(1, 8)) - set(versions)):
+        why = mod.unsupported(v)
+        assert f"sm_{cap[0]}{cap[1]}" in why and name in why and ("sm_90" if v == 7 else "sm_80") in why, why
+        assert any(why in note for note in stages._a06_not_here()) or not stages.HAS_CUDA
+
+
 @pytest.mark.gpu
 @pytest.mark.given
 def test_attention_on_this_gpu_falls_back_only_where_it_must(impl, monkeypatch):
