@@ -177,12 +177,14 @@ def _cuda_include() -> list[str]:
     return []
 
 
-def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] = ("-DCOURSE_NS=course_check",)) -> None:
+def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] = ("-DCOURSE_NS=course_check",),
+                  archs: Sequence[str] = (CHECK_ARCH,)) -> None:
     """Compile each source as a syntax/type check (no linking, no GPU needed).
 
-    ``.cu`` files go through ``nvcc -c`` for CHECK_ARCH; ``.cpp`` files through the
-    host compiler with the torch and CUDA headers. Raises RuntimeError with the
-    compiler's output when a source does not compile.
+    ``.cu`` files go through ``nvcc -c`` for each of ``archs`` (default CHECK_ARCH; e.g. ``("sm_75",
+    "sm_80", "sm_86", "sm_89")``: what the extension builds for on those GPUs, in one nvcc call);
+    ``.cpp`` files through the host compiler with the torch and CUDA headers. Raises RuntimeError
+    with the compiler's output when a source does not compile.
     """
     nvcc = nvcc_path()
     if nvcc is None:
@@ -191,7 +193,9 @@ def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] =
     incs.append(f"-I{sysconfig.get_paths()['include']}")
     for src in map(Path, sources):
         if src.suffix == ".cu":
-            cmd = [nvcc, "-c", str(src), "-o", os.devnull, "-std=c++17", f"-arch={CHECK_ARCH}",
+            targets = [f"-arch={archs[0]}"] if len(archs) == 1 else \
+                [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
+            cmd = [nvcc, "-c", str(src), "-o", os.devnull, "-std=c++17", *targets,
                    "--expt-relaxed-constexpr", *incs, *extra_flags]
         else:
             cxx = os.environ.get("CXX", "c++")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common import DEVICE, HAS_CUDA, TRITON_INTERPRET, is_hopper
+from common import DEVICE, HAS_CUDA, TRITON_INTERPRET, gpu, is_hopper
 from common import reference as R
 from common.impl import REPO
 from common.kernel_check import MATMUL_KERNEL, assert_is_kernel, input_copies
@@ -239,7 +239,13 @@ def test_cuda_fp32_versions(impl, version, shape):
     _cuda_case(_cuda(impl), version, torch.float32, shape)
 
 
+# Versions 5 and 6 (mma.sync m16n8k16, cp.async) need an sm_80+ GPU; on a T4 (sm_75) they skip, saying so.
+SM80_MISSING = gpu.why_not("a06 v5") if HAS_CUDA else None
+sm80_only = pytest.mark.skipif(SM80_MISSING is not None, reason=SM80_MISSING or "")
+
+
 @pytest.mark.gpu
+@sm80_only
 @pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("version", [5, 6])
@@ -257,7 +263,8 @@ V7_SHAPES = [
     (128, 264, 4096),    # longer K: error against torch.matmul's own
 ]
 HOPPER = is_hopper()
-hopper_only = pytest.mark.skipif(not HOPPER, reason="version 7 needs an sm_90 GPU (H100/H200)")
+V7_MISSING = gpu.why_not("a06 v7") if HAS_CUDA else None   # "... needs an sm_90 GPU ...; this GPU is ... (sm_XY)"
+hopper_only = pytest.mark.skipif(not HOPPER, reason=V7_MISSING or "version 7 needs an sm_90 GPU (H100/H200)")
 
 
 @pytest.mark.gpu
@@ -304,16 +311,29 @@ def test_cuda_v7_refuses_what_tma_cannot_describe(impl):
 @pytest.mark.skipif(HOPPER, reason="checks the message on GPUs other than sm_90")
 def test_cuda_v7_off_hopper_says_so(impl):
     a = randn(64, 64, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="sm_90"):
+    with pytest.raises(ValueError, match="sm_90") as e:
         _cuda(impl).matmul(a, a, 7)
+    assert gpu.sm() in str(e.value), f"the refusal should name this GPU ({gpu.describe()}): {e.value}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(SM80_MISSING is None, reason="checks the message on GPUs older than sm_80 (a T4)")
+def test_cuda_tensor_cores_before_sm80_say_so(impl):
+    a = randn(64, 64, dtype=torch.bfloat16, device="cuda")
+    for version in (5, 6):
+        with pytest.raises(ValueError, match="sm_80") as e:
+            _cuda(impl).matmul(a, a, version)
+        assert gpu.sm() in str(e.value), f"the refusal should name this GPU ({gpu.describe()}): {e.value}"
+    _cuda_case(_cuda(impl), 4, torch.float32, (129, 257, 67))   # versions 1-4 build and run there
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", [4, 5, 6, 7])
 def test_cuda_large_and_repeatable(impl, version):
     """A size with many tiles and waves; the same inputs twice give the same bits (no race)."""
-    if version == 7 and not HOPPER:
-        pytest.skip("version 7 needs an sm_90 GPU (H100/H200)")
+    why = _cuda(impl).unsupported(version)
+    if why:
+        pytest.skip(why)
     mod = _cuda(impl)
     dt = torch.float32 if version == 4 else torch.bfloat16
     a, b, first = _cuda_case(mod, version, dt, (1000, 1544, 1032))

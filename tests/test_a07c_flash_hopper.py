@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import HAS_CUDA, is_hopper
+from common import HAS_CUDA, gpu, is_hopper
 from common import reference as ref
 from common.impl import REPO
 from common.kernel_check import ATTENTION_KERNEL, assert_is_kernel
@@ -25,7 +25,8 @@ from common.testing import assert_as_accurate_as_torch, assert_close, randn
 STAGE = "a07_flash_attention"
 MOD = f"{STAGE}.flash_hopper"
 HOPPER = is_hopper()
-hopper_only = pytest.mark.skipif(not HOPPER, reason="stage 7c needs an sm_90 GPU (H100/H200): TMA, wgmma, setmaxnreg")
+hopper_only = pytest.mark.skipif(not HOPPER, reason=(gpu.why_not("a07c") if HAS_CUDA else None)
+                                 or "stage 7c needs an sm_90 GPU (H100/H200): TMA, wgmma, setmaxnreg")
 BF16 = torch.bfloat16
 
 SEQ_LENS = (1, 17, 128, 1000, 4096)

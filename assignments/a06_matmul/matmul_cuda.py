@@ -4,8 +4,9 @@
     c = matmul(a, b, version=4)      # a [M, K], b [K, N] contiguous CUDA tensors
 
 Versions (kernels in matmul_kernels.cu):
-    1 naive  2 coalesced  3 shared-memory tiles  4 register blocking     (float32)
-    5 tensor cores 128x128 tile  6 tensor cores 128x256 tile       (float16 / bfloat16)
+    1 naive  2 coalesced  3 shared-memory tiles  4 register blocking     (float32, any GPU)
+    5 tensor cores 128x128 tile  6 tensor cores 128x256 tile       (float16 / bfloat16, sm_80+:
+      mma.sync m16n8k16 and cp.async; on a T4 (sm_75) the wrapper refuses them, naming the GPU)
     7 Hopper: TMA + wgmma + warp specialisation, persistent blocks (matmul_v7_wgmma.cu;
       float16 / bfloat16, an sm_90 GPU, K and N multiples of 8); the kernel picks its tile
       shape per problem, ``tile=`` (one of V7_TILES) forces one
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from common import is_hopper  # version 7 runs on sm_90 only
+from common import gpu, is_hopper  # versions 5-6 need sm_80+, version 7 sm_90 (gpu.NEEDS)
 from common.checks import check_same, check_tensor
 from common.cuda_ext import load_op
 from common.impl import op_namespace
@@ -43,13 +44,19 @@ def _op():
     return getattr(torch.ops, NAMESPACE).matmul_out
 
 
+def unsupported(version: int, device=None) -> str | None:
+    """Why ``version`` cannot run on this GPU (naming the GPU and what the version needs), or None:
+    versions 5 and 6 need sm_80+, version 7 an sm_90 GPU (common.gpu.NEEDS)."""
+    return gpu.why_not(f"a06 v{version}", device) if f"a06 v{version}" in gpu.NEEDS else None
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor | None = None,
            tile: tuple[int, int] | None = None) -> torch.Tensor:
     """C = A @ B with CUDA kernel ``version`` (1-7).
 
     a: [M, K], b: [K, N], both contiguous (row-major) CUDA tensors of one dtype:
     float32 for versions 1-4, float16 or bfloat16 for versions 5-7 (fp32 accumulation).
-    Any M, N, K >= 0 for versions 1-6; version 7 needs an sm_90 GPU and K, N multiples of 8
+    Any M, N, K >= 0 for versions 1-6 (5-6: an sm_80+ GPU); version 7 needs an sm_90 GPU and K, N multiples of 8
     (TMA's 16-byte row strides). ``out`` (optional, contiguous [M, N], same dtype) is written
     and returned. ``tile`` (version 7 only): one of ``V7_TILES`` instead of the kernel's own pick.
     Raises ValueError/TypeError for a bad version, tile, device, dtype, shape or layout.
@@ -66,12 +73,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, version: int, *, out: torch.Tensor 
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"a, b: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
     m, n = a.shape[0], b.shape[1]
+    why = unsupported(version, a.device)
+    if why:
+        raise ValueError(why + ("; use version 6" if version == 7 and not unsupported(6, a.device) else
+                                "; use version 4 (float32)" if version in (5, 6) else ""))
     if version == 7:
-        if not is_hopper(a.device):
-            name = torch.cuda.get_device_name(a.device)
-            raise ValueError(f"version 7 uses Hopper's TMA and wgmma: it needs an sm_90 GPU (H100/H200), "
-                             f"this is {name} (sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))}); "
-                             "use version 6")
         if a.shape[1] % 8 or n % 8:
             raise ValueError(f"version 7 (TMA) needs K and N multiples of 8 (16-byte row strides), got "
                              f"a {tuple(a.shape)} @ b {tuple(b.shape)}; use version 6 for these shapes")

@@ -24,19 +24,23 @@ writes. See the handout (README.md) for the arithmetic.
     python -m assignments.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100 (`bench.py --sweep`),
-and for 16-bit d = 128 a choice per length (HALF_D128, from the real-shape sweep);
-`with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=` force one config,
+and for 16-bit d = 128 a choice per length (HALF_D128, from the real-shape sweep); on a GPU with
+less shared memory than a config needs (an RTX card's 99 KB, a T4's 64 KB; fp32 at d = 128 on any
+GPU), the first of its smaller variants that fits (smaller_configs: fewer stages, then smaller
+tiles); `with launch_options(tune=True):` autotunes instead, `fwd=` / `dkdv=` / `dq=` force one config,
 `poison=True` NaN-fills the outputs first (tests); the interpreter uses small tiles.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
@@ -172,22 +176,75 @@ def launch_options(**options):
         _options.pop()
 
 
+def _pick(kind: str, d: int, n: int, dtype: torch.dtype) -> dict:
+    """The block config of kernel ``kind`` ("fwd", "dkdv", "dq") at head dim d, N_Q = n and dtype: HALF_D128's
+    choice for 16-bit d = 128 on a GPU, else the table's (CONFIGS)."""
+    if d > 64 and dtype.itemsize == 2 and not TRITON_INTERPRET:
+        for longest, cfg in HALF_D128.get(kind, []):
+            if longest is None or n <= longest:
+                return cfg
+    return CONFIGS[kind][64 if d <= 64 else 128]
+
+
+def smaller_configs(cfg: dict) -> Iterator[dict]:
+    """``cfg``, then what a launch falls back to, in this order, on a GPU whose shared memory it does not
+    fit (Triton's OutOfResources at the launch): the same tiles with one stage fewer, down to two; then
+    the larger tile side halved (at most 4 warps and 2 stages from there), down to 16 x 16, and that
+    with one stage. On the H100 every 16-bit config of the tables fits as it is; tests/test_portability.py
+    compiles what each GPU family ends up with (common.portability)."""
+    bm, bn, w, s = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
+    while True:
+        last = max(bm, bn) <= 16
+        for stages in range(s, 0 if last else min(s, 2) - 1, -1):
+            yield _cfg(bm, bn, w, stages)
+        if last:
+            return
+        if bn >= bm:
+            bn //= 2
+        else:
+            bm //= 2
+        w, s = min(w, 4), min(s, 2)
+
+
 def _kernel(fn, kind: str, d: int, n: int, dtype: torch.dtype):
-    """(kernel, launch kwargs) for one of the three tiled kernels, at head dim d and N_Q = n."""
+    """(kernel, launch kwargs, may fall back) for one of the three tiled kernels, at head dim d and N_Q = n."""
     opts = _options[-1]
     if opts.tune:
         if fn not in _tuned:
             tune = {"fwd": FWD_TUNE, "dkdv": DKDV_TUNE, "dq": DQ_TUNE}[kind]
             _tuned[fn] = triton.autotune(tune, key=_KEY)(fn)
-        return _tuned[fn], {}
+        return _tuned[fn], {}, False   # the autotuner skips configs that do not fit by itself
     forced = getattr(opts, kind)
     if forced:
-        return fn, dict(forced)
-    if d > 64 and dtype.itemsize == 2 and not TRITON_INTERPRET:
-        for longest, cfg in HALF_D128.get(kind, []):
-            if longest is None or n <= longest:
-                return fn, dict(cfg)
-    return fn, dict(CONFIGS[kind][64 if d <= 64 else 128])
+        return fn, dict(forced), False
+    return fn, dict(_pick(kind, d, n, dtype)), True
+
+
+#: (kernel, launch kwargs) that did not fit this GPU's shared memory -> the kwargs that run instead
+_smaller: dict[tuple, dict] = {}
+
+
+def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool) -> None:
+    """``kernel[grid](*args, **kwargs)``; where its config does not fit the GPU's shared memory and
+    ``fallback``, the first of smaller_configs that does (remembered: later calls launch it directly)."""
+    if _smaller:                     # empty on a GPU where every config fits (the H100's 16-bit tables)
+        kwargs = _smaller.get((kernel, tuple(kwargs.items())), kwargs)
+    try:
+        kernel[grid](*args, **kwargs)
+        return
+    except OutOfResources:
+        if not fallback:
+            raise
+    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+    rest = {k: v for k, v in kwargs.items() if k not in names}
+    for cfg in list(smaller_configs({k: kwargs[k] for k in names}))[1:]:
+        try:
+            kernel[grid](*args, **rest, **cfg)
+        except OutOfResources:
+            continue
+        _smaller[(kernel, tuple(kwargs.items()))] = {**rest, **cfg}
+        return
+    raise OutOfResources(0, 0, f"shared memory: no config of {kernel.__name__} down to 16x16 tiles fits this GPU")
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -241,14 +298,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o = _new(q.shape, q)
     lse = _new(q.shape[:-1], q, torch.float32)
     o4 = _as4d(o)
-    kernel, cfg = _kernel(_attn_fwd, "fwd", d, nq, q.dtype)
+    kernel, cfg, fallback = _kernel(_attn_fwd, "fwd", d, nq, q.dtype)
     grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
     if q.dtype == torch.float32 and not allow_tf32 and not TRITON_INTERPRET:
         # A compile option: with TF32 not allowed, tl.dot's default precision for fp32 is IEEE
         # (and the option is part of the compiled kernel's cache key). The interpreter is IEEE anyway.
         cfg["allowed_dot_input_precisions"] = ("ieee",)
-    kernel[grid](q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
-                 H, nq, nk, LOG2E / math.sqrt(d), HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg)
+    _launch(kernel, grid, (q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+                           H, nq, nk, LOG2E / math.sqrt(d)), dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg), fallback)
     return o, lse
 
 
@@ -262,8 +319,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
     sm_scale = 1.0 / math.sqrt(d)
     args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
-    (dkdv, dkdv_cfg), (dq_kernel, dq_cfg) = (_kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype),
-                                             _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
+    (dkdv, dkdv_cfg, dkdv_fallback), (dq_kernel, dq_cfg, dq_fallback) = (
+        _kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype), _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
     launches = [
         (_attn_bwd_delta, (triton.cdiv(nq, 64), Z * H), (o4, do4, delta, *o4.stride(), *do4.stride(), H, nq),
          dict(HEAD_DIM=d, BLOCK_M=64)),
@@ -279,8 +336,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     if kind not in _compiled_backward and not _options[-1].tune:
         _compiled_backward.add(kind)
         compile_together(launches)
-    for kernel, grid, kernel_args, kwargs in launches:
-        kernel[grid](*kernel_args, **kwargs)
+    for (kernel, grid, kernel_args, kwargs), fallback in zip(launches, (False, dkdv_fallback, dq_fallback)):
+        _launch(kernel, grid, kernel_args, kwargs, fallback)
     return dq, dk, dv
 
 

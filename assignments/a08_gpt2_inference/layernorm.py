@@ -45,6 +45,11 @@ def _add_layernorm_kernel(X, R, H, Y, W, B, stride_x, stride_r, stride_h, stride
 
 
 # ==================================================================== launch (given)
+def warps_for(block: int) -> int:
+    """Warps of a program that holds a row of ``block`` (a power of two) elements: 1 up to 256 .. 8 at 8192."""
+    return 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+
+
 def _rows(t: torch.Tensor, c: int) -> torch.Tensor:
     """[..., C] -> [rows, C] as a view when the rows have one stride and columns are dense."""
     t2 = t.reshape(-1, c)          # a view when the leading dims collapse, else a copy
@@ -87,7 +92,7 @@ def _launch(x, residual, weight, bias, eps, out, h_out):
     x2, y2 = _rows(x, c), y.view(-1, c)
     r2 = _rows(residual, c) if residual is not None else x2
     h2 = h.view(-1, c) if h is not None else y2
-    warps = 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+    warps = warps_for(block)
     _add_layernorm_kernel[(rows,)](x2, r2, h2, y2, weight, bias, x2.stride(0), r2.stride(0), h2.stride(0),
                                    y2.stride(0), c, float(eps), HAS_RESIDUAL=residual is not None,
                                    BLOCK_C=block, num_warps=warps)

@@ -209,7 +209,7 @@ def _judge(stage, trials, found: dict, outputs: list, res: WorkerResult) -> Work
             worst_ratio, res.worst_error, res.tolerance = ratio, err, tr.tol
         res.trials_passed += int(ok)
     res.correctness = PASS if res.trials_passed == res.trials_total and not res.violations else FAIL
-    res.message = "; ".join(msgs[:3])
+    res.message = "; ".join(msgs[:3] + (stage.not_here() if stage.not_here else []))
     if res.worst_error is not None and res.worst_error == float("inf"):
         res.worst_error = None
     return res

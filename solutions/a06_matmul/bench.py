@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from common import DEVICE, is_hopper
+from common import DEVICE, gpu
 from common.impl import REPO, Impl, add_impl_argument, command_line, results_dir
 from common.roofline import matmul_flops
 from common.shapes import GPT2_MODELS, gpt2_gemms
@@ -96,6 +96,15 @@ for v in {versions}:
 """
 
 
+def _wave_example(sms: int) -> str:
+    """An n of the sweep where 128k -> 128k + 8 crosses a wave of 128x128 tiles on ``sms`` SMs (132 on an
+    H100: 1408 -> 1416, 121 -> 144 tiles)."""
+    for k in range(8, 20):
+        if sms and -(-k * k // sms) < -(-(k + 1) ** 2 // sms):
+            return f"e.g. {128 * k} -> {128 * k + 8}: {k * k} -> {(k + 1) ** 2} tiles, past {sms * -(-k * k // sms)}"
+    return "none in this sweep"
+
+
 def probe_cuda(impl: Impl, versions: list[int]) -> tuple[list[int], dict[int, str]]:
     """Run each version on small problems in child processes; return (good, {bad: why})."""
     good, bad, todo = [], {}, list(versions)
@@ -120,9 +129,9 @@ def probe_cuda(impl: Impl, versions: list[int]) -> tuple[list[int], dict[int, st
 class Runner:
     def __init__(self, impl: Impl, cuda_versions: list[int], csv_path: Path | None = None, cols=CSV_COLS):
         self.csv_path, self.cols = csv_path, cols
-        gpu = torch.cuda.is_available()
-        self.device = torch.cuda.get_device_name() if gpu else "cpu (Triton interpreter)"
-        self.sms = torch.cuda.get_device_properties(0).multi_processor_count if gpu else 0
+        has_gpu = torch.cuda.is_available()
+        self.device = torch.cuda.get_device_name() if has_gpu else "cpu (Triton interpreter)"
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count if has_gpu else 0
         self.tri = impl.load(f"{STAGE}.matmul_triton")
         self.cu = impl.load(f"{STAGE}.matmul_cuda") if cuda_versions else None
         self.versions = cuda_versions
@@ -485,11 +494,11 @@ def report(rows, out: Path, cmd: str, bad: dict[int, str], autotune_note: str, v
             return hit[0]["tflops"] if hit else float("nan")
         md += ["", "## Tile and wave quantization (bf16, M = N = K = n)", "",
                f"128x128 output tiles: tiles = ceil(n/128)². One wave = {sms} tiles when one block runs per SM "
-               f"(Triton's fixed 128x128x64 config: 4 stages, 128 KB of shared memory, so one block per SM); "
-               f"v5 (64 KB, 127 registers) runs two blocks per SM, {2 * sms} tiles a wave. "
+               f"(Triton's fixed 128x128x64 config: 4 stages, 128 KB of shared memory on an H100, so one block "
+               f"per SM there); v5 (64 KB, 127 registers) runs two blocks per SM, {2 * sms} tiles a wave. "
                "n = 128k + 8 adds a row and a column of tiles that are 1/16 full: the work grows by ~2%, the "
                "time by the extra tiles, and by a whole wave where the tile count crosses a multiple of the "
-               "SMs (e.g. 1408 -> 1416: 121 -> 144 tiles, past 132). Triton's drop at 128k + 8 is larger than "
+               f"SMs ({_wave_example(sms)}). Triton's drop at 128k + 8 is larger than "
                "quantization: it specializes integer arguments on divisibility by 16, and a stride of 128k + 8 "
                "elements is not, so it loses its 16-byte loads (sweep 128k + 16 to see Triton's own step).", "",
                "n = 1793 is a different effect: its rows are 3586 bytes, not a multiple of 16, so 16-byte "
@@ -611,9 +620,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     csv_path.unlink(missing_ok=True)
     bad = {}
-    if 7 in versions and not is_hopper():
-        versions.remove(7)
-        bad[7] = "needs an sm_90 GPU (TMA + wgmma)"
+    for v in [v for v in versions if f"a06 v{v}" in gpu.NEEDS and gpu.why_not(f"a06 v{v}")]:
+        versions.remove(v)           # 5-6 need sm_80+, 7 an sm_90 GPU: the reason names this one
+        bad[v] = gpu.why_not(f"a06 v{v}")
     good, probe_bad = probe_cuda(impl, versions) if versions else ([], {})
     bad.update(probe_bad)
     run = Runner(impl, sorted(good), csv_path)
@@ -645,8 +654,8 @@ def main_real(impl: Impl, out: Path, cmd: str, v7: bool, report_only: str | None
         return
     csv_path.unlink(missing_ok=True)
     why = "" if v7 else "not asked for (--versions)"
-    if v7 and not is_hopper():
-        why = "needs an sm_90 GPU (TMA + wgmma)"
+    if v7 and gpu.why_not("a06 v7"):
+        why = gpu.why_not("a06 v7")
     elif v7:
         _, bad = probe_cuda(impl, [7])
         why = f"failed its probe: {bad[7]}" if 7 in bad else ""

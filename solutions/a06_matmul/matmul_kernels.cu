@@ -253,14 +253,26 @@ matmul_v4_regblock(const float* __restrict__ A, const float* __restrict__ B,
 //   Expect: hundreds of TFLOP/s; mma.sync cannot reach Hopper's wgmma peak (cuBLAS uses
 //   wgmma + TMA), so a well-fed mma.sync kernel lands around half to two thirds of it.
 // =====================================================================================
+// mma.sync m16n8k16 and cp.async exist from sm_80 (Ampere) on. Built for an older GPU (a T4 is sm_75)
+// these helpers trap instead, so that versions 1-4 still build and run there; the Python wrapper
+// refuses versions 5 and 6 on such a GPU before launching, naming it (common.gpu.why_not).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define A06_BEFORE_SM80 1
+#else
+#define A06_BEFORE_SM80 0
+#endif
 template <typename T> struct Mma;
 template <> struct Mma<__nv_bfloat16> {
     static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if A06_BEFORE_SM80
+        __trap();
+#else
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
     }
     static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16(x); }
     static __device__ __forceinline__ __nv_bfloat162 from2(float x, float y) { return __floats2bfloat162_rn(x, y); }
@@ -268,11 +280,15 @@ template <> struct Mma<__nv_bfloat16> {
 };
 template <> struct Mma<__half> {
     static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if A06_BEFORE_SM80
+        __trap();
+#else
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
     }
     static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
     static __device__ __forceinline__ __half2 from2(float x, float y) { return __floats2half2_rn(x, y); }
@@ -284,12 +300,22 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 // 16-byte global->shared copy; copies zeros when pred is false (src-size 0).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+#if A06_BEFORE_SM80
+    __trap();
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(pred ? 16 : 0));
+#endif
 }
+#if A06_BEFORE_SM80
+__device__ __forceinline__ void cp_async_commit() { __trap(); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { __trap(); }
+#else
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -27,18 +27,23 @@ Bench: ``python -m solutions.a06_matmul.bench`` (H100 numbers in lectures/result
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from common import TRITON_INTERPRET
+from common import TRITON_INTERPRET, gpu
 from common.checks import check_same, check_tensor
 from common.timing import autotune_bench, precompile
 
 ACTIVATIONS = (None, "gelu_tanh")
 #: Fixed config used by the tile-quantization sweep: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
 SWEEP_CONFIG = (128, 128, 64, 8, 4)
-_SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (228 KB per SM)
+#: Shared memory a config's pipeline may fill: the GPU's per-block maximum (asked of the device) less
+#: SMEM_MARGIN for what else a program keeps there (barriers, the cubin's static shared memory).
+#: H100 (227 KB a block): the same configs as the 220 KB limit this replaced.
+SMEM_MARGIN = 3 * 1024
 
 
 def _configs() -> list[triton.Config]:
@@ -95,14 +100,67 @@ def _config_set(m: int, k: int, size: int, aligned: bool) -> list[tuple[tuple[in
     return out
 
 
+def smem_estimate(config: tuple[int, int, int, int, int], size: int, capability: tuple[int, int]) -> int:
+    """An upper bound on the shared memory Triton (3.6) gives a config (BLOCK_M, BLOCK_N, BLOCK_K, warps,
+    stages) of ``size``-byte inputs on a GPU of ``capability``: the larger of the ring of A and B slices
+    and the epilogue's layout change of the fp32 tile. Hopper keeps every stage in the ring (wgmma reads
+    its operands from shared memory); sm_80-89 one fewer (the slice being multiplied is in registers);
+    sm_75 has no cp.async and so no ring, and its tl.dot runs on CUDA cores (FMA) with fp32 operands:
+    one slice of each, counted at 4 bytes an element. tests/test_portability.py compiles the configs
+    this lets through for every family in common.gpu.ARCHS and checks that they fit."""
+    m, n, k, _, stages = config
+    if capability >= (9, 0):
+        ring = stages * (m + n) * k * size
+    elif capability >= (8, 0):
+        ring = max(stages - 1, 1) * (m + n) * k * size
+    else:
+        ring = (m + n) * k * 4
+    return max(ring, m * n * 4 + 1024)
+
+
+def fits(config: tuple[int, int, int, int, int], size: int, limits: tuple[tuple[int, int], int] | None) -> bool:
+    """True if ``config`` fits a GPU with ``limits`` = (capability, shared memory per block) (common.gpu.limits;
+    None: the interpreter, no limit)."""
+    return limits is None or smem_estimate(config, size, limits[0]) <= limits[1] - SMEM_MARGIN
+
+
+def configs_for(m: int, k: int, size: int, aligned: bool,
+                limits: tuple[tuple[int, int], int] | None) -> list[tuple[tuple[int, int, int, int, int], bool]]:
+    """The (config, PREFETCH) pairs the autotuner tries for this call on a GPU with ``limits``: the call's
+    set (_config_set) less the pipelines that do not fit that GPU's shared memory. Never empty: where
+    none fits, the smallest config with fewer stages (fit_config)."""
+    pairs = _config_set(m, k, size, aligned)
+    keep = [(c, p) for c, p in pairs if fits(c, size, limits)]
+    if keep:
+        return keep
+    c, p = min(pairs, key=lambda cp: cp[0][0] * cp[0][1] * cp[0][2])
+    return [(fit_config(c, size, limits), p)]
+
+
+def fit_config(config: tuple[int, int, int, int, int], size: int,
+               limits: tuple[tuple[int, int], int] | None) -> tuple[int, int, int, int, int]:
+    """``config`` with as many pipeline stages as fit a GPU with ``limits`` (one at the least); a config
+    that fits is returned as it is (on an H100 every fixed config of this file)."""
+    m, n, k, w, s = config
+    while s > 1 and not fits((m, n, k, w, s), size, limits):
+        s -= 1
+    return m, n, k, w, s
+
+
 def _prune(configs, named_args, **kwargs):
-    """Keep the call's config set (_config_set) less the pipelines that do not fit in shared memory."""
-    size = named_args["a_ptr"].element_size()
-    aligned = _aligned(named_args["a_ptr"], named_args["b_ptr"])
-    allowed = set(_config_set(named_args["M"], named_args["K"], size, aligned))
-    keep = [c for c in configs if (_shape(c), c.kwargs["PREFETCH"]) in allowed
-            and c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size <= _SMEM_LIMIT]
-    return keep or configs[-1:]
+    """Keep the call's config set (configs_for) on this GPU: its shared memory asked of the device."""
+    if TRITON_INTERPRET:
+        return configs   # one small config (_configs)
+    a = named_args["a_ptr"]
+    allowed = set(configs_for(named_args["M"], named_args["K"], a.element_size(),
+                              _aligned(a, named_args["b_ptr"]), gpu.limits(a.device)))
+    keep = [c for c in configs if (_shape(c), c.kwargs["PREFETCH"]) in allowed]
+    return keep or _as_configs(allowed)
+
+
+def _as_configs(pairs) -> list[triton.Config]:
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "PREFETCH": p}, num_warps=w,
+                          num_stages=s) for (m, n, k, w, s), p in pairs]
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
@@ -265,6 +323,11 @@ TINY_CONFIG = (32, 64, 64, 4, 2)
 _TUNED: dict[tuple, tuple[tuple[int, int, int, int, int], bool]] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _fitted(config: tuple[int, int, int, int, int], size: int, device: int | None) -> tuple[int, int, int, int, int]:
+    return fit_config(config, size, gpu.limits(torch.device("cuda", device) if device is not None else None))
+
+
 def _bucket(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
@@ -282,7 +345,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     unless ``allow_tf32=False``. With fp16/bf16 on a GPU the GELU uses the hardware tanh
     approximation unless ``fast_tanh=False``. ``config`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
     num_stages) bypasses the autotuner (used by the benchmarks; b of fewer than TINY_WEIGHT
-    elements runs TINY_CONFIG on a GPU).
+    elements runs TINY_CONFIG on a GPU), with fewer stages on a GPU whose shared memory needs it (fit_config).
     """
     check_tensor(a, "a", min_ndim=1)
     check_tensor(b, "b", ndim=2)
@@ -328,6 +391,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     prefetch = mm > 64 and not aligned   # an explicit config's PREFETCH; the autotuner tries both
     if config is None and n * k < TINY_WEIGHT and not TRITON_INTERPRET:
         config = TINY_CONFIG
+    if config is not None and not TRITON_INTERPRET:   # a GPU with less shared memory: fewer stages
+        config = _fitted(tuple(config), a.element_size(), a.device.index)
     if config is None:
         # The autotuner tunes per exact M; a model calls matmul with many M (B·T changes with every
         # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice

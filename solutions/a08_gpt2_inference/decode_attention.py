@@ -141,6 +141,11 @@ HEAD_DIMS = (16, 32, 64, 128)
 BLOCK_N = 16 if TRITON_INTERPRET else 64
 
 
+def split_warps(head_dim: int) -> int:
+    """Warps of a _decode_split program: 4 for a [BLOCK_N, d] tile of d >= 64, else 2."""
+    return 4 if head_dim >= 64 else 2
+
+
 def num_splits(batch_heads: int, max_seq_len: int, *, block_n: int = BLOCK_N) -> int:
     """How many programs share one (sequence, head): enough to give every SM ~4 programs,
     never a slice shorter than one BLOCK_N chunk. Depends on shapes only (graph-safe)."""
@@ -206,7 +211,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
                               h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
-                              num_warps=4 if d >= 64 else 2)
+                              num_warps=split_warps(d))
     if n > 1:
         _decode_combine[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
                                   NUM_SPLITS=n, SPLITS_P2=triton.next_power_of_2(n), HEAD_DIM=d, num_warps=1)

@@ -27,6 +27,10 @@ class Mutant:
     grader: tuple[str, ...] | None = None
     #: The test file (in tests/) whose graded tests must catch it; None: test_<stage>.py.
     tests: str | None = None
+    #: The pytest marker expression that selects the tests that must catch it: the graded tests, or
+    #: for a fault in given code checked by given tests ("given": tests/test_portability.py's
+    #: cross-compile of the launch configs) those.
+    marker: str = "graded"
     #: Graded in a process of its own: it patches torch or the harness, which would change what the
     #: next mutants graded in a shared process see.
     isolated: bool = False

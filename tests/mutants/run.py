@@ -2,9 +2,10 @@
 (tests/ on sys.path).
 
 For each mutant: copy solutions/ to a temporary folder, apply the edits, and run the
-stage's graded tests on that copy with ``pytest.main`` (``-x``: the first failure is
+stage's graded tests (``Mutant.marker``) on that copy with ``pytest.main`` (``-x``: the first failure is
 enough), the test named in first_failures.json first and alone (``--write-hints`` regrades every
-given mutant on its whole test file and records which test caught it first). Each copy imports under its own package name (common.impl), so one process
+given mutant on its whole test file and records which test caught it first). Each copy imports under
+its own package name (common.impl), so one process
 can grade many mutants without reloading torch and triton every time. With ``--claims DIR``
 several such processes share one list: each takes the next mutant no other has claimed (an
 empty file per mutant in DIR, named by a hash of its id, created exclusively), so a slow stage does not leave one
@@ -73,9 +74,9 @@ def _claim(claims: Path | None, mid: str) -> bool:
 HINTS = Path(__file__).with_name("first_failures.json")
 
 
-def _grade_with_pytest(target: str, sub: Path) -> tuple[_Outcome, int]:
+def _grade_with_pytest(target: str, sub: Path, marker: str) -> tuple[_Outcome, int]:
     out = _Outcome()
-    code = pytest.main([target, "--impl", str(sub), "-m", "graded", "-x", "-q", "--tb=no", "--no-header",
+    code = pytest.main([target, "--impl", str(sub), "-m", marker, "-x", "-q", "--tb=no", "--no-header",
                         "-p", "no:cacheprovider"], plugins=[out])
     return out, int(code)
 
@@ -97,9 +98,9 @@ def run(ids: list[str], claims: Path | None = None, hints: bool = True) -> dict[
                 continue
             path = str(REPO / "tests" / m.test_file)
             hinted = known.get(mid)
-            out, code = _grade_with_pytest(f"{path}::{hinted}", sub) if hinted else (None, 0)
+            out, code = _grade_with_pytest(f"{path}::{hinted}", sub, m.marker) if hinted else (None, 0)
             if out is None or not out.failed:           # no hint, or a stale one: the whole file
-                out, code = _grade_with_pytest(path, sub)
+                out, code = _grade_with_pytest(path, sub, m.marker)
             results[mid] = {"caught": bool(out.failed), "exit": code, "first_failure": out.failed[:1],
                             "message": out.message, "seconds": round(time.perf_counter() - t0, 1),
                             "hint_used": bool(hinted and out.failed and out.failed[0] == hinted)}
