@@ -37,7 +37,7 @@ $(STAMP):
 
 # --mutants: also the slow course self-checks (the mutation checks, the stub check); CI runs this.
 test: $(STAMP)
-	$(BIN)/python -m pytest --impl solutions --mutants
+	$(BIN)/python -m pytest --impl solutions --mutants --durations=25
 
 grade: $(STAMP)
 	$(BIN)/python -m common.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE)) $(if $(BORROW),--borrow $(BORROW))

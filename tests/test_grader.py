@@ -530,3 +530,28 @@ def test_borrowed_stages_are_named_in_the_report():
                     score=10, borrowed=["a06", "a07"])
     assert "ran on a06, a07 borrowed from solutions/" in table([r], "sub", "none", width=200)
     assert "borrowed from solutions/ (--borrow)" in gradescope([r], 1.0)["tests"][0]["output"]
+
+
+def test_judge_tells_a_partly_written_output_from_an_unwritten_one():
+    """The judge's verdict on outputs still NaN where the worker's buffers were poisoned: wholly, "not
+    implemented yet" (never written); partly, how many and where to look (the grid and the mask)."""
+    import random
+
+    from common.grade.judge import _judge
+    from common.grade.result import WorkerResult
+    from common.stages import by_key
+    stage = by_key("a05")
+    trials = stage.trials(random.Random(3))[:2]
+    outs = []
+    for n, t in enumerate(trials):
+        o = t.ref.to(t.args["x"].dtype).clone()         # the dtype the trial expects
+        if n == 0:
+            o.fill_(float("nan"))                        # never written
+        else:
+            o.view(-1)[o.numel() // 2:] = float("nan")   # the second half never written
+        outs.append([o])
+    found = {"trials": [{"ops": [], "functions": [], "gpu_kernels": [], "facts": {}, "aliases": []} for _ in trials]}
+    res = _judge(stage, trials, found, outs, WorkerResult(trials_total=len(trials)))
+    assert res.correctness == "fail" and res.trials_passed == 0
+    assert "the output was never written (still NaN)" in res.not_implemented[0], res
+    assert "outputs never written (still NaN): check the grid and the mask" in res.message, res.message
