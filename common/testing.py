@@ -80,14 +80,26 @@ def _check_output(out, ref: torch.Tensor, dtype: torch.dtype | None, name: str) 
     return o
 
 
+def describe_inputs(inputs: dict) -> str:
+    """'y [5, 7, 40] torch.float32 strides (1, 200, 5); b [40] torch.float32 strides (2,)': the inputs a
+    failure message names, so that the failing case shows without a debugger."""
+    return "; ".join(f"{k} {list(t.shape)} {t.dtype} strides {tuple(t.stride())}" if isinstance(t, torch.Tensor)
+                     else f"{k}={t!r}" for k, t in inputs.items())
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, *, dtype: torch.dtype | None = None,
-                 rel_tol: float | None = None, name: str = "output", scale: torch.Tensor | None = None) -> float:
+                 rel_tol: float | None = None, name: str = "output", scale: torch.Tensor | None = None,
+                 inputs: dict | None = None) -> float:
     """Assert ``out`` matches the (float64) reference within the dtype's tolerance.
 
     Checks shape, dtype (when given), finiteness, relative error and element-wise
-    closeness. Returns the relative error. Messages say what differed and by how much.
+    closeness. Returns the relative error. Messages say what differed and by how much, where
+    (the first bad element, the output's shape and strides) and, given ``inputs`` (name ->
+    tensor), each input's shape, dtype and strides.
     ``scale``: magnitude of the summed terms (see :func:`rel_error`), used for both checks.
     """
+    if inputs:
+        name = f"{name} (inputs: {describe_inputs(inputs)})"
     o = _check_output(out, ref, dtype, name)
     dt = dtype or out.dtype
     r = ref.detach().to("cpu", torch.float64)

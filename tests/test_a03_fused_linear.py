@@ -32,7 +32,7 @@ def test_add_bias(bias_mod, dtype, shape):
     b = randn(shape[-1], dtype=dtype)
     y0 = y.clone()
     out = assert_is_kernel(lambda: bias_mod.add_bias(y, b), BIAS_KERNEL, "add_bias")
-    assert_close(out, ref.add_bias(y, b), dtype=dtype)
+    assert_close(out, ref.add_bias(y, b), dtype=dtype, name="add_bias", inputs={"y": y, "b": b})
     assert torch.equal(y, y0), "add_bias (out of place) must not modify y"
 
 
@@ -44,14 +44,15 @@ def test_add_bias_inplace(bias_mod, dtype, shape):
     expected = ref.add_bias(y, b)
     out = assert_is_kernel(lambda: bias_mod.add_bias_(y, b), BIAS_KERNEL, "add_bias_", kernels=False)  # once
     assert out is y, "add_bias_ must return y itself"
-    assert_close(y, expected, dtype=dtype)
+    assert_close(y, expected, dtype=dtype, name="add_bias_ (in place)", inputs={"y": y, "b": b})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_bias_non_contiguous(bias_mod, dtype):
     y = non_contiguous(randn(6, 11, 40, dtype=dtype))
     b = randn(40, dtype=dtype)
-    assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b), dtype=dtype)
+    assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b), dtype=dtype, name="add_bias, non-contiguous y",
+                 inputs={"y": y, "b": b})
     cols = randn(9, 80, dtype=dtype)[:, 10:50]  # a column slice: strided rows, in place is possible
     expected = ref.add_bias(cols, b)
     bias_mod.add_bias_(cols, b)
@@ -71,7 +72,8 @@ def test_add_bias_strided_b(bias_mod, dtype):
     assert out is y
     assert_close(y, expected, dtype=dtype, name="add_bias_, strided b")
     yt = randn(40, 5, 7, dtype=dtype).permute(1, 2, 0)  # leading dims that do not collapse into one
-    assert_close(bias_mod.add_bias(yt, b), ref.add_bias(yt, b), dtype=dtype, name="add_bias, permuted y")
+    assert_close(bias_mod.add_bias(yt, b), ref.add_bias(yt, b), dtype=dtype, name="add_bias, permuted y",
+                 inputs={"y": yt, "b": b})
 
 def test_add_bias_is_a_kernel(bias_mod):
     """The bias add must be the stage's own kernel, not torch arithmetic (the grader's check,
@@ -114,7 +116,7 @@ def test_fused_linear(lin_mod, backend, dtype, in_f, out_f, lead, bias):
     expected, scale = ref.linear(x, w, b), ref.linear_scale(x, w, b)  # bias may be added after rounding
     forbid = FUSED_LINEAR[backend] if bias else FUSED_LINEAR_NO_BIAS
     y = assert_is_kernel(lambda: layer(x), forbid, f"FusedLinear(backend={backend!r}, bias={bias})")
-    assert_close(y, expected, dtype=dtype, scale=scale)
+    assert_close(y, expected, dtype=dtype, scale=scale, name=f"FusedLinear({backend})", inputs={"x": x, "w": w})
     assert_close(layer(non_contiguous(x)), expected, dtype=dtype, scale=scale, name="non-contiguous x")
 
 
