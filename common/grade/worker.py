@@ -161,7 +161,7 @@ def run_timing(impl: str, io: Path) -> dict:
     from common.impl import load as load_impl
     from common.stages import by_key
 
-    payload = torch.load(io / TRIALS, weights_only=True)
+    payload = torch.load(io / TRIALS, weights_only=True, map_location="cpu")   # the stage and seed: no GPU memory
     before = guard.snapshot()
     result = {"timing": _time(by_key(payload["stage"]), lambda m: load_impl(m, impl), payload["seed"]),
               "violations": []}
