@@ -91,21 +91,20 @@ def run_trials(impl: str, io: Path) -> dict:
     _import_harness()
     from common import HAS_CUDA, guard, profiling
     from common.impl import load as load_impl
-    from common.stages import CALLS, NeedsGPU, Run, by_key, tensors
+    from common.stages import CALLS, NeedsGPU, Run, tensors
 
     payload = torch.load(io / TRIALS, weights_only=True)
-    stage = by_key(payload["stage"])
     before = guard.snapshot()          # before the submission is imported
-    result = {"trials": [], "violations": [], "timing": None, "import_error": None}
+    result = {"trials": [], "violations": []}
+    reported: set[str] = set()
 
     def load(module):
         return load_impl(module, impl)
 
     def patched(when: str) -> None:
-        found = guard.changed(before)
-        seen = {v for msg in result["violations"] for v in msg.split(": ", 1)[-1].split(", ")}
-        new = [f for f in found if f not in seen]
+        new = [f for f in guard.changed(before) if f not in reported]
         if new:
+            reported.update(new)
             result["violations"].append(f"the submission patched the harness or torch {when}: {', '.join(new)}")
 
     outputs, kept = [], []             # kept: (trial index, output index, span) of every output so far
