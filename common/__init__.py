@@ -35,3 +35,14 @@ if TRITON_INTERPRET:
 def is_hopper(device=None) -> bool:
     """True on an sm_90 GPU (H100/H200): the chips with TMA and wgmma (matmul version 7)."""
     return HAS_CUDA and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def pdl_supported(device=None) -> bool:
+    """True where Triton kernels can use programmatic dependent launch (``launch_pdl=True`` and
+    ``tl.extra.cuda.gdc_*``): a CUDA GPU of compute capability 9.0 or later (Hopper, Blackwell),
+    never under the Triton interpreter (inline PTX cannot run on the CPU)."""
+    if not HAS_CUDA or TRITON_INTERPRET:
+        return False
+    if isinstance(device, torch.device) and device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9

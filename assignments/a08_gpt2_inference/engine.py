@@ -20,17 +20,26 @@ Inference has two phases, and they want different kernels:
   and replayed (``generate(..., cuda_graph=True)``, the default on a GPU).
 
 The engine is built only from the course's kernels, each loaded from the SAME tree
-as this file (your a06 matmul and a07 flash attention when you work in assignments/):
+as this file (your a06 matmul and a07 flash attention when you work in assignments/).
+Every GEMM goes through :meth:`GPT2Engine.linear`: the a06 matmul for prefill (B·T rows),
+the a08 GEMV for a decode step (B <= 16 rows: a weight read, see gemv.py):
 
   per block   h, y = add_layernorm(attn_out, h, ln_1 / ln_2)        a08 kernel 1 (residual fused)
-              qkv  = matmul(y, W_attn, b_attn)                       a06 Triton matmul, bias epilogue
+              qkv  = linear(y, W_attn, b_attn)                       prefill: a06 Triton matmul, bias epilogue
+                                                                     decode:  a08 kernel 4, gemv (split-K)
               write_kv(qkv -> cache)                                 a08 kernel 3
               prefill: flash attention forward, causal               a07 kernel 1
               decode:  decode_attention(q, cache, lengths)           a08 kernel 2
-              a    = matmul(attn, W_proj, b_proj)
-              m    = matmul(y, W_fc, b_fc, activation="gelu_tanh")   a06, GELU epilogue
-              m    = matmul(m, W_fc_proj, b_fc_proj)
-  LM head     logits = matmul(ln_f(h), wteᵀ)                         tied weights, no copy
+              a    = linear(attn, W_proj, b_proj)
+              m    = linear(y, W_fc, b_fc, activation="gelu_tanh")   GELU in the epilogue (a06 or gemv)
+              m    = linear(m, W_fc_proj, b_fc_proj)
+  LM head     logits = linear(ln_f(h), wteᵀ)                         tied weights, no copy (B rows: gemv)
+
+``GPT2Engine(..., decode_gemv=False)`` sends the few-row GEMMs to the a06 matmul too (the engine
+before the GEMV, for before/after measurements). ``pdl`` (default: on where the GPU supports it,
+sm_90+, unless the environment sets ``COURSE_PDL=0``) launches the decode step's a08 kernels with
+programmatic dependent launch, so each one's launch overlaps the tail of the one before
+(gemv.PDL_NOTES); under the CPU interpreter it is always off.
 
 Batches of prompts with different lengths are right-padded to the longest: causal
 attention keeps every real token from seeing the padding after it, each sequence's
@@ -40,17 +49,20 @@ stops after ``max_new_tokens`` (no end-of-text stop: every sequence gets that ma
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from common import DEVICE, TRITON_INTERPRET
+from common import DEVICE, TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES
 
 from ..a06_matmul.matmul_triton import matmul
 from ..a07_flash_attention.flash_triton import attention_forward
 from .decode_attention import decode_attention
+from .gemv import MAX_ROWS as GEMV_ROWS
+from .gemv import gemv
 from .kv_cache import KVCache, write_kv
 from .layernorm import add_layernorm
 
@@ -58,6 +70,14 @@ from .layernorm import add_layernorm
 #: Under the CPU interpreter every program costs milliseconds of Python: wide tiles, few programs.
 #: On a GPU: None, the a06 autotuner picks tiles per (M, N, K).
 _INTERPRETER_TILES = (16, 256, 64, 4, 1) if TRITON_INTERPRET else None
+
+
+def resolve_pdl(pdl: bool | None, device: torch.device) -> bool:
+    """Whether the engine's kernels launch with programmatic dependent launch: ``pdl`` if given,
+    else on unless the environment sets COURSE_PDL=0; never where the device cannot (before sm_90,
+    the CPU interpreter: common.pdl_supported)."""
+    want = (os.environ.get("COURSE_PDL", "1") != "0") if pdl is None else bool(pdl)
+    return want and pdl_supported(device)
 
 
 @dataclass
@@ -81,7 +101,8 @@ class GPT2Engine:
     """Greedy GPT-2 generation with a static KV cache, on the course's kernels."""
 
     def __init__(self, layers: list[Layer], wte: torch.Tensor, wpe: torch.Tensor, ln_f_w: torch.Tensor,
-                 ln_f_b: torch.Tensor, *, n_head: int, eps: float, max_batch: int, max_seq_len: int):
+                 ln_f_b: torch.Tensor, *, n_head: int, eps: float, max_batch: int, max_seq_len: int,
+                 decode_gemv: bool = True, pdl: bool | None = None):
         self.layers, self.wte, self.wpe, self.ln_f_w, self.ln_f_b = layers, wte, wpe, ln_f_w, ln_f_b
         self.n_layer, self.n_head, self.eps = len(layers), n_head, eps
         self.vocab_size, self.n_embd = wte.shape
@@ -96,16 +117,22 @@ class GPT2Engine:
         # fp32 runs compare token for token with transformers' fp32 (cuBLAS without TF32): keep
         # every dot in IEEE fp32 then. 16-bit inputs use the tensor cores as usual.
         self._tf32 = False
+        #: GEMMs of at most GEMV_ROWS rows (a decode step) run on the a08 GEMV; False: on the a06 matmul
+        self.decode_gemv = decode_gemv
+        #: programmatic dependent launch for the decode step's a08 kernels (gemv.PDL_NOTES)
+        self.pdl = resolve_pdl(pdl, self.device)
 
     # ------------------------------------------------------------------ loading (given)
     @classmethod
     def from_hf(cls, model, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                max_batch: int = 1, max_seq_len: int | None = None) -> GPT2Engine:
+                max_batch: int = 1, max_seq_len: int | None = None, decode_gemv: bool = True,
+                pdl: bool | None = None) -> GPT2Engine:
         """Take the weights of a transformers ``GPT2LMHeadModel`` (any size, random or pretrained).
 
         dtype: fp32/fp16/bf16 (default: the model's); device: default the kernel device
         (``common.DEVICE``); max_batch, max_seq_len: the KV cache's size (max_seq_len
         defaults to the model's n_positions). The weights are copied; the model is untouched.
+        decode_gemv, pdl: see the module docstring.
         """
         cfg = model.config
         problems = []
@@ -132,12 +159,17 @@ class GPT2Engine:
                   for b in tr.h]
         return cls(layers, w(tr.wte.weight), w(tr.wpe.weight), w(tr.ln_f.weight), w(tr.ln_f.bias),
                    n_head=cfg.n_head, eps=cfg.layer_norm_epsilon, max_batch=max_batch,
-                   max_seq_len=max_seq_len or cfg.n_positions)
+                   max_seq_len=max_seq_len or cfg.n_positions, decode_gemv=decode_gemv, pdl=pdl)
 
     # ------------------------------------------------------------------ building blocks (given)
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
                activation: str | None = None) -> torch.Tensor:
-        """act(x @ w + b) with the a06 Triton matmul (IEEE fp32 dots for fp32, see __init__)."""
+        """act(x @ w + b): the a08 GEMV for at most GEMV_ROWS rows (a decode step's B tokens, a
+        batch's last-token LM head), the a06 Triton matmul otherwise (IEEE fp32 dots for fp32,
+        see __init__). The choice depends on the shape only, so a captured step never changes."""
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if self.decode_gemv and 0 < rows <= GEMV_ROWS:
+            return gemv(x, w, b, activation, pdl=self.pdl)
         return matmul(x, w, b, activation, allow_tf32=self._tf32, config=_INTERPRETER_TILES)
 
     def lm_head(self, y: torch.Tensor) -> torch.Tensor:
@@ -268,6 +300,8 @@ class GPT2Engine:
         #   q = qkv[:, :C].view(B, H, d); decode_attention(q, cache K, cache V, lengths + 1);
         #   c_proj, add_layernorm(ln_2), MLP (GELU in the matmul epilogue), add_layernorm(next LN);
         #   logits = self.lm_head(y); then advance self.cache.lengths in place (on the device).
+        #   Every GEMM through self.linear (B rows: it runs your gemv). Speed only, on sm_90+: pass
+        #   pdl=self.pdl to add_layernorm, write_kv and decode_attention (programmatic dependent launch).
         raise NotImplementedError("a08: write GPT2Engine.decode_step")
 
     # ------------------------------------------------------------------ generation (given)

@@ -26,17 +26,21 @@ import torch
 import triton
 import triton.language as tl
 
+from common import pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
 
 
 @triton.jit
 def _write_kv_kernel(QKV, K_CACHE, V_CACHE, START, T, H, S_MAX, s_row, s_cb, s_ch, s_cn,
-                     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (b·T + t): token t of sequence b. QKV row b·T + t (row stride s_row) holds
     [q | k | v], C = H·HEAD_DIM each, head h at columns h·HEAD_DIM... of its part.
     K_CACHE[b, h, START[b] + t, :] = k[h, :] and V_CACHE likewise for every head h
     (cache strides s_cb, s_ch, s_cn; last dim contiguous; the two caches share strides).
     Positions >= S_MAX are not written."""
+    if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
+        tl.extra.cuda.gdc_wait()                   # then let the next one start launching
+        tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 3 (append K and V to the cache). Program `row` = b * T + t:
     #   pos = START[b] + t. For every head h < H (tl.arange(0, BLOCK_H), masked) and d < HEAD_DIM:
     #   K_CACHE[b, h, pos, d] = QKV[row, C + h * HEAD_DIM + d] and
@@ -47,10 +51,12 @@ def _write_kv_kernel(QKV, K_CACHE, V_CACHE, START, T, H, S_MAX, s_row, s_cb, s_c
 
 
 # ==================================================================== launch (given)
-def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor) -> None:
+def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor, *,
+             pdl: bool = False) -> None:
     """Copy the k and v parts of ``qkv`` [B, T, 3C] into ``k_cache``/``v_cache`` [B, H, S_max, d]
     at positions ``start[b] + t`` (start: int32 [B] on the device). qkv rows contiguous
-    (row stride free); caches one layer's view of :class:`KVCache`, same dtype as qkv."""
+    (row stride free); caches one layer's view of :class:`KVCache`, same dtype as qkv.
+    ``pdl=True``: programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES)."""
     check_tensor(qkv, "qkv", dtypes=FLOAT_DTYPES, ndim=3)
     check_tensor(k_cache, "k_cache", dtypes=(qkv.dtype,), ndim=4)
     check_tensor(v_cache, "v_cache", dtypes=(qkv.dtype,), ndim=4)
@@ -70,9 +76,11 @@ def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, st
                          f"{k_cache.stride()}) a contiguous last dim")
     if b * t == 0:
         return
+    use_pdl = bool(pdl) and pdl_supported(qkv.device)
     _write_kv_kernel[(b * t,)](qkv, k_cache, v_cache, start, t, h, s_max, qkv.stride(1),
                                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                               HEAD_DIM=d, BLOCK_H=triton.next_power_of_2(h), num_warps=4)
+                               HEAD_DIM=d, BLOCK_H=triton.next_power_of_2(h), num_warps=4,
+                               USE_PDL=use_pdl, **(dict(launch_pdl=True) if use_pdl else {}))
 
 
 class KVCache:

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common import TRITON_INTERPRET
+from common import TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
 
 LOG2E = 1.4426950408889634
@@ -42,13 +42,16 @@ LOG2E = 1.4426950408889634
 def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
                   sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
                   H, qk_scale,
-                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (split, b·h). Keys of sequence b: positions [0, LENS[b]); this split takes the
     slice [split·per, min((split+1)·per, LENS[b])) with per = cdiv(cdiv(LENS[b], NUM_SPLITS),
     BLOCK_N)·BLOCK_N. qk_scale = log2(e)/sqrt(d). Partial results: O_PART[b·h, split, :]
     (normalised, fp32) and L_PART[b·h, split] (log2-sum-exp2 of the scaled scores, -inf if the
     slice is empty). NUM_SPLITS == 1: write O[b, h, :] (out dtype) directly instead.
     The last dim of every tensor is contiguous (stride 1)."""
+    if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
+        tl.extra.cuda.gdc_wait()                   # then let the next one start launching
+        tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 2a (one split of the keys). Program (split, bh): b = bh // H, h = bh % H.
     #   1. length = LENS[b]; per = cdiv(cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N;
     #      this program's keys are [split * per, min(split * per + per, length)) (maybe empty).
@@ -107,10 +110,14 @@ def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
 
 @triton.jit
 def _decode_combine(O_PART, L_PART, O, sob, soh, H,
-                    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
+                    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    USE_PDL: tl.constexpr):
     """Program b·h: O[b, h, :] = sum_s 2^(L_s - L) · O_PART[b·h, s, :], L = log2 sum_s 2^L_s,
     over the NUM_SPLITS partial results (SPLITS_P2: NUM_SPLITS rounded up to a power of 2).
     Empty splits have L_s = -inf and weigh nothing; split 0 is never empty."""
+    if USE_PDL:   # given: programmatic dependent launch, as in _decode_split
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 2b (combine the splits). Program bh:
     #   L_s = L_PART[bh * NUM_SPLITS + s] for s < NUM_SPLITS (tl.arange(0, SPLITS_P2), masked, -inf);
     #   m = max_s L_s; w_s = exp2(L_s - m); O[b, h, :] = sum_s w_s * O_PART[...s, :] / sum_s w_s.
@@ -158,7 +165,7 @@ def num_splits(batch_heads: int, max_seq_len: int, *, block_n: int = BLOCK_N) ->
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, *,
-                     splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     splits: int | None = None, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """softmax(q·kᵀ/sqrt(d)) v for one new query per (sequence, head), against a KV cache.
 
     q: [B, H, d] (any strides with the last dim contiguous, e.g. a view of the fused QKV
@@ -168,7 +175,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     host: reading it would synchronise; positions >= lengths[b] are never read).
     Returns [B, H, d] in q's dtype (or writes ``out``, contiguous, that shape and dtype).
     ``splits`` forces the number of key slices per (sequence, head) (default: num_splits()).
-    Accumulates in fp32; no host synchronisation (capturable in a CUDA graph).
+    Accumulates in fp32; no host synchronisation (capturable in a CUDA graph). ``pdl=True``: both
+    kernels launch with programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES).
     """
     check_tensor(q, "q", dtypes=FLOAT_DTYPES, ndim=3)
     check_tensor(k_cache, "k_cache", dtypes=FLOAT_DTYPES, ndim=4)
@@ -207,12 +215,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         l_part = torch.empty((b * h, n), dtype=torch.float32, device=q.device)
     else:
         o_part = l_part = out          # unused
+    use_pdl = bool(pdl) and pdl_supported(q.device)
+    launch = dict(launch_pdl=True) if use_pdl else {}
     _decode_split[(n, b * h)](q, k_cache, v_cache, lengths, out, o_part, l_part,
                               q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
                               h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
-                              num_warps=split_warps(d))
+                              USE_PDL=use_pdl, num_warps=split_warps(d), **launch)
     if n > 1:
         _decode_combine[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
-                                  NUM_SPLITS=n, SPLITS_P2=triton.next_power_of_2(n), HEAD_DIM=d, num_warps=1)
+                                  NUM_SPLITS=n, SPLITS_P2=triton.next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
+                                  num_warps=1, **launch)
     return out

@@ -25,14 +25,18 @@ import torch
 import triton
 import triton.language as tl
 
+from common import pdl_supported
 from common.checks import check_same, check_tensor
 
 
 @triton.jit
 def _add_layernorm_kernel(X, R, H, Y, W, B, stride_x, stride_r, stride_h, stride_y, C, eps,
-                          HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr):
+                          HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
     """One row: H = X + R (if HAS_RESIDUAL), Y = LayerNorm(H) * W + B. Rows are strided
     (stride_*), columns contiguous; statistics in fp32; biased variance (divide by C)."""
+    if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
+        tl.extra.cuda.gdc_wait()                   # then let the next one start launching
+        tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 1 (fused residual add + LayerNorm). Program `row` handles one row of C
     #   elements (cols = tl.arange(0, BLOCK_C), masked to cols < C; BLOCK_C >= C is a power of 2).
     #   1. h = X[row] (+ R[row] if HAS_RESIDUAL) in fp32. With a residual, store h to H[row] in
@@ -75,7 +79,7 @@ def _rows(t: torch.Tensor, c: int) -> torch.Tensor:
     return t2 if t2.stride(1) == 1 else t2.contiguous()
 
 
-def _launch(x, residual, weight, bias, eps, out, h_out):
+def _launch(x, residual, weight, bias, eps, out, h_out, pdl=False):
     check_tensor(x, "x", min_ndim=1)
     c = x.shape[-1]
     check_tensor(weight, "weight", ndim=1)
@@ -112,15 +116,17 @@ def _launch(x, residual, weight, bias, eps, out, h_out):
     r2 = _rows(residual, c) if residual is not None else x2
     h2 = h.view(-1, c) if h is not None else y2
     warps = warps_for(block)
+    use_pdl = bool(pdl) and pdl_supported(x.device)
     _add_layernorm_kernel[(rows,)](x2, r2, h2, y2, weight, bias, x2.stride(0), r2.stride(0), h2.stride(0),
                                    y2.stride(0), c, float(eps), HAS_RESIDUAL=residual is not None,
-                                   BLOCK_C=block, num_warps=warps)
+                                   BLOCK_C=block, USE_PDL=use_pdl, num_warps=warps,
+                                   **(dict(launch_pdl=True) if use_pdl else {}))
     return h, y
 
 
 def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                   eps: float = 1e-5, *, out: torch.Tensor | None = None,
-                  h_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  h_out: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = x + residual`` and ``y = LayerNorm(h) * weight + bias`` in one kernel.
 
     x, residual: [..., C], same shape, dtype (fp32/fp16/bf16) and device (the kernel device);
@@ -128,13 +134,14 @@ def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     weight, bias: [C], contiguous, any float dtype. Statistics in fp32, variance biased
     (divided by C, as ``torch.nn.LayerNorm``); ``y`` normalises ``h`` as stored in x's dtype.
     Returns new contiguous (h, y) in x's dtype, or writes the given ``h_out`` / ``out``.
+    ``pdl=True``: programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES).
     """
     if residual is None:
         raise ValueError("residual: expected a tensor (use layernorm() for no residual)")
-    return _launch(x, residual, weight, bias, eps, out, h_out)
+    return _launch(x, residual, weight, bias, eps, out, h_out, pdl)
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, *,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """``LayerNorm(x) * weight + bias`` over the last dim (the same kernel, no residual)."""
-    return _launch(x, None, weight, bias, eps, out, None)[1]
+    return _launch(x, None, weight, bias, eps, out, None, pdl)[1]

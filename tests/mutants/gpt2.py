@@ -9,8 +9,8 @@ S = "a08_gpt2_inference"
 LN, DEC, KV, ENG = "layernorm.py", "decode_attention.py", "kv_cache.py", "engine.py"
 
 #: The decode step's attention call, the line most of the engine's mutants edit.
-ATTEND = "att = decode_attention(q, cache.k[i, :b], cache.v[i, :b], new_lengths)"
-WRITE = "write_kv(qkv.view(b, 1, 3 * c), cache.k[i, :b], cache.v[i, :b], lengths)"
+ATTEND = "att = decode_attention(q, cache.k[i, :b], cache.v[i, :b], new_lengths, pdl=pdl)"
+WRITE = "write_kv(qkv.view(b, 1, 3 * c), cache.k[i, :b], cache.v[i, :b], lengths, pdl=pdl)"
 EMBED = "hid, y = add_layernorm(self.wte[tokens], self.wpe[lengths], self.layers[0].ln_1_w,"
 
 MUTANTS = [
@@ -59,10 +59,10 @@ MUTANTS = [
     Mutant(S, KV, "only the first head written", [("ok = (hs[:, None] < H) & (pos < S_MAX)", "ok = (hs[:, None] < 1) & (pos < S_MAX)")]),
 
     # ---- the decode step: test_decode_logits, test_generate_matches_transformers
-    Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths)", "new_lengths)"))]),
-    Mutant(S, ENG, "decode attends without the newest key", [(ATTEND, ATTEND.replace("new_lengths)", "lengths)"))]),
+    Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths, pdl", "new_lengths, pdl"))]),
+    Mutant(S, ENG, "decode attends without the newest key", [(ATTEND, ATTEND.replace("new_lengths, pdl", "lengths, pdl"))]),
     Mutant(S, ENG, "decode attends to the longest length in the batch",
-           [(ATTEND, ATTEND.replace("new_lengths)", "new_lengths.max().expand(b).contiguous())"))]),
+           [(ATTEND, ATTEND.replace("new_lengths, pdl", "new_lengths.max().expand(b).contiguous(), pdl"))]),
     Mutant(S, ENG, "position embedding not advanced", [(EMBED, EMBED.replace("self.wpe[lengths]", "self.wpe[lengths * 0]"))]),
     Mutant(S, ENG, "position embedding at the prompt lengths",
            [(EMBED, EMBED.replace("self.wpe[lengths]",

@@ -1,0 +1,382 @@
+"""Assignment 8, kernel 4: the decode GEMV, ``act(x @ W + b)`` for a few rows of x, in Triton.
+
+    from solutions.a08_gpt2_inference.gemv import gemv
+    y = gemv(x, w, bias, activation="gelu_tanh")     # x [M, K], M <= 16 rows; w [K, N], any strides
+
+A decode step multiplies B rows (one new token per sequence) by every weight matrix: a
+matrix-VECTOR product at batch 1, a GEMM of a few rows at batch 16. Each weight element is
+read once for 2·M FLOPs, so the kernel's only job is to stream W through the SMs at the
+memory bandwidth. A GEMM tile (stage 6) is the wrong shape for that:
+
+* its BLOCK_M >= 16 rows hold 1 real row at batch 1 (the tensor cores compute 16 rows of
+  which 15 are thrown away: harmless, the math is free here, but the tile's shape is
+  chosen for FLOPs, not bytes);
+* it parallelises over output tiles only: GPT-2 XL's 6400 -> 1600 projection has 1600
+  outputs, 25 tiles of 64 columns on 132 SMs, each walking all 6400 rows of K alone. Most
+  SMs idle and the few that work cannot keep enough bytes in flight.
+
+This kernel parallelises over N *and* K (split-K) so that every SM streams several slabs of
+the weight at once, and loads W along its contiguous dimension in wide vectors:
+
+  program (pid_n, split): columns [pid_n·BLOCK_N, +BLOCK_N), rows k of [split·K_PER_SPLIT, +K_PER_SPLIT)
+    1. acc = 0 (fp32). For each BLOCK_K slice of the split's rows: load the W tile [BLOCK_K,
+       BLOCK_N] (masked at K and N) and x [BLOCK_M, BLOCK_K] (masked at M and K), and
+         USE_DOT = False (M <= 4): acc[BLOCK_M, BLOCK_K, BLOCK_N] += x[:, :, None] * w[None, :, :]
+                 (CUDA-core FMAs; summed over K once, after the loop: no reduction per slice);
+         USE_DOT = True  (M > 4, BLOCK_M = 16): acc[BLOCK_M, BLOCK_N] = tl.dot(x, w, acc)
+                 (tensor cores: 16 rows of FMAs per weight element would make the CUDA cores the bottleneck).
+    2. SPLIT_K == 1: y = act(acc + bias), one cast, one store.
+       SPLIT_K  > 1: store the fp32 partial sums to PART[split, :M, cols]; the LAST program of
+       the column block to arrive (a ticket counter, _last_to_arrive) adds the SPLIT_K partials in
+       order s = 0, 1, ..., SPLIT_K - 1, then bias and GELU, and stores y. The order is fixed, so
+       the result is the same bits on every run (an atomic add of the partials into y would not
+       be: fp32 addition is not associative). One kernel, no second "reduce" launch.
+
+Configs (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) come from :func:`choose_config`, a rule
+of the shapes (M, N, K, dtype, which dim of W is contiguous, the SM count): no autotuning, no
+host sync, nothing that depends on values, so a decode step that calls it can be captured in a
+CUDA graph. Programmatic dependent launch (``pdl=True``, sm_90+): see :data:`PDL_NOTES`.
+
+Run: ``pytest tests/test_a08_gpt2_inference.py -k gemv``; bandwidth on a GPU:
+``python -m solutions.a08_gpt2_inference.bench --gemv``.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from common import TRITON_INTERPRET, pdl_supported
+from common.checks import FLOAT_DTYPES, check_same, check_tensor
+
+from ..a06_matmul.matmul_triton import _gelu_tanh
+
+ACTIVATIONS = (None, "gelu_tanh")
+#: Rows a call may have: a decode step's batch. More rows are a GEMM: use the a06 matmul.
+MAX_ROWS = 16
+
+PDL_NOTES = """Programmatic dependent launch (PDL), as Triton 3.6 does it (read from its source):
+
+* ``kernel[grid](..., launch_pdl=True)``: launch_pdl is a compile option (CUDAOptions.launch_pdl,
+  part of the kernel's cache key); the NVIDIA launcher then calls cuLaunchKernelEx with
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1. The kernel may start before the
+  previous kernel in the stream has finished: as soon as every program of that kernel has
+  executed ``gdc_launch_dependents()`` (or exited).
+* ``tl.extra.cuda.gdc_wait()`` (PTX griddepcontrol.wait) blocks until the previous kernel has
+  completed and its memory is visible; ``gdc_launch_dependents()`` (griddepcontrol.launch_dependents)
+  lets the next PDL kernel start launching. Both are no-ops in a kernel launched without PDL, and
+  need sm_90+ (Hopper) to compile. Under the CPU interpreter they cannot run (inline PTX), so
+  every kernel here takes them behind a constexpr USE_PDL that the launch sets only on sm_90+.
+* Inside a CUDA graph: Triton does nothing special. Stream capture records the launch attribute,
+  and the CUDA driver (12.3 and later) turns it into a programmatic dependency between the two
+  kernel nodes, so a replayed graph overlaps the kernels the same way (Triton's own PDL tutorial,
+  11-programmatic-dependent-launch.py, times it with do_bench_cudagraph). A kernel launched
+  WITHOUT the attribute (PyTorch's own kernels in the step: the embedding gathers, lengths + 1,
+  argmax) waits for everything before it, as usual.
+
+The rule every PDL kernel of the course follows: the FIRST thing each program does is
+``gdc_wait()``, unconditionally, then ``gdc_launch_dependents()``. Waiting first makes the chain
+safe whatever a kernel reads or writes (a kernel that skipped the wait could finish before its
+predecessor, and the next one's wait would no longer cover that predecessor); signalling right
+after lets the next kernel's programs be scheduled and sit at their own wait while this one
+runs, so its launch and ramp-up overlap this kernel's tail. The next kernel is admitted only
+once every program of this one has started, so it never takes an SM slot this one needs.
+Headroom not taken: a kernel may do work that depends on no earlier kernel before its wait
+(load its first weight tiles: weights are never written in a step)."""
+
+
+@triton.jit
+def _fence_gpu():
+    # fence.acq_rel.gpu: this thread's earlier writes are visible GPU-wide before its later ones.
+    tl.inline_asm_elementwise("fence.acq_rel.gpu; // dummy $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _last_to_arrive(COUNT, SPLIT_K: tl.constexpr, FENCE: tl.constexpr):
+    """Given. Every program of one column block calls this once, after storing its partial sums;
+    it returns True in exactly one of them, the last to arrive, and by then every other
+    program's partial sums are visible to it. It takes a ticket from the block's counter
+    (an atomic add) and resets the counter to 0 for the next call. FENCE: on a GPU (not
+    under the interpreter, which runs programs one after the other)."""
+    if FENCE:
+        _fence_gpu()                      # this thread's partial sums leave before the ticket is taken
+    tl.debug_barrier()                    # ... and every other thread's of this program too
+    ticket = tl.atomic_add(COUNT, 1, sem="acq_rel", scope="gpu")
+    last = ticket == SPLIT_K - 1
+    if last:
+        tl.atomic_xchg(COUNT, 0, sem="relaxed", scope="gpu")    # the next call starts from 0
+        if FENCE:
+            _fence_gpu()                  # acquire side: the other programs' partials, not stale ones
+    return last
+
+
+@triton.jit
+def _gemv_kernel(X, W, BIAS, Y, PART, COUNT,
+                 M, N, K, K_PER_SPLIT, stride_xm, stride_xk, stride_wk, stride_wn, stride_ym,
+                 HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, FAST_TANH: tl.constexpr,
+                 SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 FENCE: tl.constexpr, USE_PDL: tl.constexpr):
+    """Program (pid_n, split): Y[:M, cols] = act(X[:M, :] @ W[:, cols] + BIAS[cols]) for the
+    BLOCK_N columns cols of block pid_n, the rows k of W in [split·K_PER_SPLIT, +K_PER_SPLIT)
+    (K_PER_SPLIT a multiple of BLOCK_K; the last split may be shorter, or empty). X [M, K] and
+    W [K, N] with any strides (elements); Y [M, N] with row stride stride_ym, columns contiguous;
+    BIAS [N] contiguous (if HAS_BIAS). SPLIT_K > 1: PART is an fp32 [SPLIT_K, M, N] workspace
+    (contiguous), COUNT[pid_n] the block's ticket counter (0 between calls). BLOCK_M >= M.
+    USE_DOT: BLOCK_M = 16 and tl.dot; else an FMA accumulator [BLOCK_M, BLOCK_K, BLOCK_N].
+    DOT_FP32: cast the tl.dot operands to fp32 (the interpreter's bf16 tl.dot is wrong)."""
+    if USE_PDL:   # given: programmatic dependent launch (PDL_NOTES): wait for the previous kernel, then
+        tl.extra.cuda.gdc_wait()                   # let the next one start launching
+        tl.extra.cuda.gdc_launch_dependents()
+    # TODO(a08): kernel 4 (the decode GEMV). Program (pid_n, split) = (tl.program_id(0), tl.program_id(1)).
+    #   offs_m = tl.arange(0, BLOCK_M) (rows < M are real), offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    #   (< N), offs_k = tl.arange(0, BLOCK_K). This split's rows of W: k_lo = split * K_PER_SPLIT up to
+    #   k_hi = min(k_lo + K_PER_SPLIT, K).
+    #   1. Pointers: W tile [BLOCK_K, BLOCK_N] at W + k * stride_wk + n * stride_wn, x tile [BLOCK_M, BLOCK_K]
+    #      at X + m * stride_xm + k * stride_xk (use BOTH strides of each: the LM head's W is wteᵀ, a
+    #      K-contiguous view). Put the large part of the offset in int64 (n * stride_wn reaches 80M for
+    #      the LM head), e.g. a scalar base W + (pid_n * BLOCK_N).to(tl.int64) * stride_wn.
+    #   2. for k0 in range(k_lo, k_hi, BLOCK_K): load w (mask: k < k_hi and n < N, other=0) and x (mask:
+    #      m < M and k < k_hi, other=0), then in fp32:
+    #        USE_DOT:  acc = tl.dot(x, w, acc, input_precision="ieee")   (acc [BLOCK_M, BLOCK_N];
+    #                  if DOT_FP32 cast x and w to fp32 first)
+    #        else:     acc += x[:, :, None] * w[None, :, :]              (acc [BLOCK_M, BLOCK_K, BLOCK_N]);
+    #                  after the loop, acc = tl.sum(acc, axis=1)          (one reduction, not one per slice)
+    #   3. SPLIT_K == 1: y = acc (+ bias[n] if HAS_BIAS), _gelu_tanh(y, FAST_TANH) if ACTIVATION ==
+    #      "gelu_tanh", store y.to(Y's dtype) at Y + m * stride_ym + n (mask m < M, n < N).
+    #      SPLIT_K > 1: store acc (fp32, no bias) to PART + (split * M + m) * N + n; then
+    #      if _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE): total = sum over s = 0 .. SPLIT_K - 1, IN THAT
+    #      ORDER, of PART[s, m, n] (tl.load(..., cache_modifier=".cg"): from L2, never a stale L1 line),
+    #      then bias, GELU and the store of step 3. Bias once, after the sum, never per split.
+    # STUB: pass
+    # SOLUTION
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_lo = split * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    # int64 scalar bases; the in-tile offsets stay small (int32)
+    w_base = W + (pid_n * BLOCK_N).to(tl.int64) * stride_wn + k_lo.to(tl.int64) * stride_wk
+    w_ptrs = w_base + offs_k[:, None] * stride_wk + tl.arange(0, BLOCK_N)[None, :] * stride_wn
+    x_ptrs = X + offs_m[:, None] * stride_xm + (k_lo + offs_k[None, :]) * stride_xk
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = k0 + offs_k < k_hi
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ptrs += BLOCK_K * stride_wk
+        x_ptrs += BLOCK_K * stride_xk
+        if USE_DOT:
+            if DOT_FP32:
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc3 += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=1)
+
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:
+        part = PART + (split * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
+        tl.store(part, acc, mask=mask)
+        if _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):                       # in order: the same bits on every run
+                p = PART + (s * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
+                acc += tl.load(p, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if ACTIVATION == "gelu_tanh":
+                acc = _gelu_tanh(acc, FAST_TANH)
+            tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if ACTIVATION == "gelu_tanh":
+            acc = _gelu_tanh(acc, FAST_TANH)
+        tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+    # END TODO(a08)
+
+
+# ==================================================================== launch (given)
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (132 on an H100 SXM); 4 under the interpreter (programs cost host time)."""
+    if TRITON_INTERPRET or device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def use_dot(m: int) -> bool:
+    """The default path for M rows: tl.dot (tensor cores) above 4 rows, CUDA-core FMAs up to 4."""
+    return m > 4
+
+
+def block_m(m: int, dot: bool) -> int:
+    """BLOCK_M for M rows: 16 with tl.dot (its smallest M), else the next power of 2 of M."""
+    return 16 if dot else triton.next_power_of_2(max(m, 1))
+
+
+#: Programs per SM :func:`choose_config` aims at: several slabs of W in flight on every SM.
+PROGRAMS_PER_SM = 4
+#: Split-K writes and reads SPLIT_K·M·N fp32 partial sums: keep that under this share of W's bytes.
+WORKSPACE_SHARE = 0.25
+#: ... and give every split at least this many BLOCK_K slices.
+MIN_SLICES = 1
+
+
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool,
+                  sms: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for M rows of x, W [K, N] of ``dtype``
+    (``k_contiguous``: W's K dim has stride 1, e.g. the LM head's wteᵀ), on ``sms`` SMs.
+
+    The rule, from shapes only (graph-safe, no autotuning):
+    * tile: loads of 16 bytes per thread along W's contiguous dim; the FMA path (M <= 4) keeps its
+      [BLOCK_M, BLOCK_K, BLOCK_N] accumulator at 64 fp32 registers a thread (4 warps), so BLOCK_K·BLOCK_N
+      shrinks as BLOCK_M grows; the tl.dot path (M > 4) takes a [128, 64] tile ([128, 32] where N has
+      fewer than 2 blocks of 64 per SM), pipelined 3 deep;
+    * split-K: enough programs for PROGRAMS_PER_SM on every SM, but no split shorter than MIN_SLICES
+      slices and no more partial-sum traffic than WORKSPACE_SHARE of the weight's bytes.
+    Under the interpreter: a few wide programs (each costs milliseconds of Python).
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    vec = 16 // size                                   # elements per 16-byte load
+    bm = block_m(m, use_dot(m))
+    warps, stages = 4, 1
+    if use_dot(m):                                     # tl.dot, BLOCK_M = 16
+        bn, bk, stages = 64, (128 if size == 2 else 64), 3
+        if triton.cdiv(n, bn) < 2 * sms:               # narrower tiles before more splits (less workspace)
+            bn = 32
+    elif k_contiguous:                                 # threads along K: 32 x vec = BLOCK_K
+        bk = 32 * vec
+        bn = max(64 * 32 * 4 // (bk * bm), 4)          # 64 accumulators a thread, 4 warps
+    else:                                              # threads along N
+        bn = 32 * vec
+        bk = max(64 * 32 * 4 // (bn * bm), 1)
+    if TRITON_INTERPRET:
+        bn, bk = max(bn, 64), max(bk, 64)
+        if use_dot(m):
+            bn, bk = 64, 32
+    n_blocks = triton.cdiv(n, bn)
+    k_slices = triton.cdiv(k, bk)
+    want = triton.cdiv(PROGRAMS_PER_SM * sms, n_blocks)
+    by_ws = int(WORKSPACE_SHARE * k * size / (8 * max(m, 1)))      # 2 passes of 4-byte partials
+    splits = max(1, min(want, k_slices // MIN_SLICES, by_ws, 128))
+    # whole slices per split, and no empty split
+    per = triton.cdiv(k_slices, splits)
+    splits = triton.cdiv(k_slices, per)
+    return bn, bk, splits, warps, stages
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+#: Ticket counters per device: one per column block of a split-K call (allocated once, never freed:
+#: a CUDA graph keeps its address). Calls on two streams at once must not both split K.
+COUNTERS = 1 << 16
+
+
+def _counters(device: torch.device, blocks: int) -> torch.Tensor:
+    if blocks > COUNTERS:
+        raise ValueError(f"gemv: {blocks} column blocks split K; at most {COUNTERS} (use a wider BLOCK_N)")
+    t = _COUNTERS.get(device)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv: the first split-K call on this device was made while a CUDA graph was "
+                               "being captured; call gemv once eagerly first (its ticket counters are allocated "
+                               "once, outside any graph)")
+        t = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return t
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
+         out: torch.Tensor | None = None, config: tuple[int, int, int, int, int] | None = None,
+         pdl: bool = False) -> torch.Tensor:
+    """``act(x @ w + bias)`` for a few rows of x: the decode step's GEMMs, in one Triton kernel.
+
+    x: [..., K] with at most MAX_ROWS (16) rows in all (leading dims flattened; a 2-D x may have any
+    strides); w: [K, N], any strides (GPT-2's Conv1D weight [in, out], or the LM head's ``wte.t()``);
+    bias: [N] contiguous, or None; all one dtype (fp32/fp16/bf16) on the kernel device. activation:
+    None or "gelu_tanh" (GPT-2's tanh GELU; on a GPU in 16 bits the hardware tanh, as a06's epilogue).
+    Accumulates in fp32 (fp32 inputs: IEEE fp32, no TF32). Returns a new contiguous [..., N] tensor of
+    x's dtype, or writes ``out`` (contiguous, that shape and dtype) and returns it.
+
+    ``config`` = (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) overrides :func:`choose_config`; a
+    6th element True/False forces the tl.dot / FMA path (default: tl.dot above 4 rows, :func:`use_dot`).
+    Split-K partial sums are combined in a fixed order: the same inputs give the same bits. No host
+    sync, no allocation that depends on values: capturable in a CUDA graph (after one eager call on
+    the device). ``pdl=True``: launched with programmatic dependent launch where the GPU supports it
+    (sm_90+; ignored elsewhere and under the interpreter), see PDL_NOTES.
+    """
+    check_tensor(x, "x", min_ndim=1)
+    check_tensor(w, "w", ndim=2)
+    check_same(x, w, "x, w")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    k, n = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x, w: inner dimensions differ: x {tuple(x.shape)} @ w {tuple(w.shape)}")
+    if bias is not None:
+        check_tensor(bias, "bias", ndim=1)
+        check_same(x, bias, "x, bias")
+        if bias.shape[0] != n:
+            raise ValueError(f"bias: expected shape ({n},) to match w's N, got {tuple(bias.shape)}")
+        if bias.stride(0) != 1 and n > 1:
+            raise ValueError(f"bias: expected a contiguous vector, got stride {bias.stride(0)}")
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    m = x2.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"x: {m} rows; gemv takes at most {MAX_ROWS} (a decode step's batch). "
+                         "More rows are a GEMM: use the a06 matmul")
+    out_shape = (*x.shape[:-1], n)
+    if out is None:
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    else:
+        check_tensor(out, "out", dtypes=(x.dtype,), contiguous=True)
+        check_same(x, out, "x, out")
+        if tuple(out.shape) != out_shape:
+            raise ValueError(f"out: expected shape {out_shape}, got {tuple(out.shape)}")
+    if m == 0 or n == 0:
+        return out
+    y2 = out.view(m, n)
+    if config is None:
+        config = choose_config(m, n, k, x.dtype, w.stride(0) == 1 and k > 1, sm_count(x.device))
+    if len(config) not in (5, 6):
+        raise ValueError(f"config: expected (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, use_dot]), got {config}")
+    bn, bk, splits, warps, stages = config[:5]
+    dot = bool(config[5]) if len(config) == 6 else use_dot(m)
+    bm = block_m(m, dot)
+    if bn < 1 or bk < 1 or bn & (bn - 1) or bk & (bk - 1) or (dot and (bn < 16 or bk < 16)):
+        raise ValueError(f"config: BLOCK_N={bn} and BLOCK_K={bk} must be powers of 2 (>= 16 with tl.dot)")
+    if splits < 1:
+        raise ValueError(f"config: SPLIT_K={splits}; expected >= 1")
+    per = triton.cdiv(triton.cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
+    n_blocks = triton.cdiv(n, bn)
+    if splits > 1:
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        count = _counters(x.device, n_blocks)
+    else:
+        part = count = y2                                          # unused
+    use_pdl = bool(pdl) and pdl_supported(x.device)
+    launch = dict(launch_pdl=True) if use_pdl else {}
+    _gemv_kernel[(n_blocks, splits)](
+        x2, w, bias if bias is not None else y2, y2, part, count,
+        m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0),
+        HAS_BIAS=bias is not None, ACTIVATION=activation,
+        FAST_TANH=not TRITON_INTERPRET and x.dtype != torch.float32,
+        SPLIT_K=splits, USE_DOT=dot, DOT_FP32=TRITON_INTERPRET and x.dtype == torch.bfloat16,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FENCE=not TRITON_INTERPRET, USE_PDL=use_pdl,
+        num_warps=warps, num_stages=stages, **launch)
+    return out
