@@ -110,6 +110,9 @@ ATTENTION_KERNEL = Forbidden(TORCH_ATTENTION + TORCH_GEMM + TORCH_SOFTMAX, ATTN_
 DECODE_ATTENTION = Forbidden(TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
                              ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
 LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNELS)
+#: a08 kernel 4, the decode GEMV (bias and GELU epilogue included), as the a06 matmul. Its Triton kernel
+#: must not be named like a vendor kernel ("gemv" is one of BLAS_KERNELS): gemv.py's is _matvec_kernel.
+GEMV_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
 WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + ("aten.copy",), ATEN_KERNELS)
 #: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
 #: argmax of generate, copies), so it is checked for the kernels of the work itself only.

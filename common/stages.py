@@ -39,7 +39,7 @@ from .roofline import (attention_flops, elementwise_bytes, gpt2_decode_bytes, gp
                        matmul_flops)
 from .shapes import ATTENTION_HEADS, GPT2_MODELS, attention_batch, gpt2_gemms
 from .kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, BIAS_KERNEL, DECODE_ATTENTION, ENGINE, FUSED_LINEAR,
-                           GELU_KERNEL, LAYERNORM_KERNEL, MATMUL_KERNEL, NOTHING, WRITE_KV, Forbidden,
+                           GELU_KERNEL, GEMV_KERNEL, LAYERNORM_KERNEL, MATMUL_KERNEL, NOTHING, WRITE_KV, Forbidden,
                            attention_tile_bound, held_tensors, host_syncs, input_copies, largest_new_tensor,
                            tile_message)
 from .testing import REL_TOL, calibrated_tol, random_gpt2, rel_error, torch_attention, torch_matmul
@@ -883,6 +883,75 @@ def _write_kv_trial(g, rng) -> Trial:
                  dict(qkv=qkv, caches=caches, st=st), (want[0], want[1]), 0.0, forbid=WRITE_KV, inplace=("caches",))
 
 
+@_call
+def a08_gemv(r: Run, x, w_store, transposed: bool, bias, activation, config, out):
+    """The decode GEMV; W is ``w_store.t()`` (the LM head's K-contiguous view) when ``transposed``."""
+    w = w_store.t() if transposed else w_store
+    return r.load("a08_gpt2_inference.gemv").gemv(x, w, bias, activation, out=out, config=config)
+
+
+@_call
+def a08_gemv_twice(r: Run, x, w_store, transposed: bool, bias, activation, config, x2):
+    gemv = r.load("a08_gpt2_inference.gemv").gemv
+    w = w_store.t() if transposed else w_store
+    return gemv(x, w, bias, activation, config=config), gemv(_refilled(x, x2), w, bias, activation, config=config)
+
+
+def _gemv_expected(x, w, bias, activation):
+    y = ref.matmul(x, w)
+    if bias is not None:
+        y = y + ref._f64(bias)[0]
+    return ref.gelu_tanh(y) if activation == "gelu_tanh" else y
+
+
+def _gemv_scale(x, w, bias):
+    (x64, w64) = ref._f64(x, w)
+    s = x64.abs() @ w64.abs()
+    return s if bias is None else s + ref._f64(bias)[0].abs()
+
+
+def _gemv_draw(g, rng, dtype):
+    """One GEMV's inputs: 1-16 rows, odd K and N (up to a few hundred on a CPU, GPT-2 XL's widths on a GPU),
+    either weight layout, bias or not, GELU or not; the host's config or a forced split-K one."""
+    m = rng.choice([1, rng.randint(2, 4), rng.randint(5, 16)])
+    top = 300 if not HAS_CUDA else 6400
+    k, n = rng.randint(1, top), rng.randint(1, top)
+    transposed = rng.random() < 0.5
+    w_store = _randn(g, *((n, k) if transposed else (k, n)), dtype=dtype, scale=max(k, 1) ** -0.5)
+    w = w_store.t() if transposed else w_store
+    x = _randn(g, m, k, dtype=dtype)
+    bias = _randn(g, n, dtype=dtype) if rng.random() < 0.7 else None
+    activation = rng.choice([None, "gelu_tanh"])
+    config = None
+    if rng.random() < 0.5:                          # split K by force: 2-5 splits, small blocks
+        config = (rng.choice([16, 32, 64]), rng.choice([16, 32]), rng.randint(2, 5), 4, 1)
+    return m, k, n, transposed, w_store, w, x, bias, activation, config
+
+
+def _gemv_trials(g, rng) -> list[Trial]:
+    def build(r, g, i):
+        dtype = _dtype_of_draw(i)
+        m, k, n, transposed, w_store, w, x, bias, act, config = _gemv_draw(g, r, dtype)
+        label = (f"gemv {m}x{k} @ {'(an [N, K] matrix)ᵀ' if transposed else 'W'} [{k}, {n}]"
+                 f"{' + bias' if bias is not None else ''}{', GELU' if act else ''}, config {config} {dtype}")
+        return [Trial(label, "a08_gemv", dict(x=x, w_store=w_store, transposed=transposed, bias=bias, activation=act,
+                                              config=config, out=_nan((m, n), dtype)),
+                      _gemv_expected(x, w, bias, act), 2 * REL_TOL[dtype], scale=_gemv_scale(x, w, bias),
+                      forbid=GEMV_KERNEL, inplace=("out",), dtypes=(dtype,))]
+    trials = _with_repeat(rng, g, build, 3)
+    # twice on one input tensor, split-K (a ticket counter left non-zero by the first call fails the second)
+    dtype = rng.choice(DTYPE_CYCLE)
+    m, k, n, transposed, w_store, w, x, bias, act, _ = _gemv_draw(g, rng, dtype)
+    x2 = _randn(g, m, k, dtype=dtype)
+    config = (32, 16, rng.randint(2, 5), 4, 1)
+    refs = (_gemv_expected(x, w, bias, act), _gemv_expected(x2, w, bias, act))
+    trials.append(_twice(f"gemv {m}x{k} @ [{k}, {n}], split-K {config}, {dtype}", "a08_gemv_twice",
+                         dict(x=x, w_store=w_store, transposed=transposed, bias=bias, activation=act, config=config,
+                              x2=x2), refs, 2 * REL_TOL[dtype],
+                         scale=(_gemv_scale(x, w, bias), _gemv_scale(x2, w, bias)), forbid=GEMV_KERNEL))
+    return trials
+
+
 def _tiny_gpt2(seed: int, n_head: int):
     """A transformers GPT-2 with random weights, biases and LayerNorms (as tests/test_a08's models):
     initializer range 0.3, so greedy generation wanders through the vocabulary."""
@@ -967,6 +1036,7 @@ def a08_decode_work(r: Run, seed: int, n_head: int, prompts: list, follow: list)
         return x.numel() // max(x.shape[-1], 1)
 
     linear, matmul, attention = engine.linear, getattr(eng, "matmul", None), getattr(eng, "attention_forward", None)
+    gemv = getattr(eng, "gemv", None)
 
     def seen_linear(x, *a, **kw):
         rows.append(rows_of(x))
@@ -976,11 +1046,16 @@ def a08_decode_work(r: Run, seed: int, n_head: int, prompts: list, follow: list)
         rows.append(rows_of(x))
         return matmul(x, *a, **kw)
 
+    def seen_gemv(x, *a, **kw):
+        rows.append(rows_of(x))
+        return gemv(x, *a, **kw)
+
     def seen_attention(*a, **kw):
         prefill_attention[0] += 1
         return attention(*a, **kw)
     engine.linear = seen_linear
-    patched = {name: fn for name, fn in (("matmul", seen_matmul), ("attention_forward", seen_attention))
+    patched = {name: fn for name, fn in (("matmul", seen_matmul), ("gemv", seen_gemv),
+                                         ("attention_forward", seen_attention))
                if getattr(eng, name, None) is not None}
     saved = {name: getattr(eng, name) for name in patched}
     toks = [torch.tensor(f, device=engine.device) for f in follow]
@@ -1015,7 +1090,8 @@ def _decode_work_judge(batch: int):
                     "and attention reads the KV cache (decode_attention): the work of a step must not grow with "
                     "the context")
         if not rows:
-            return "decode_step issued no GEMM through the engine's linear()/matmul (the course's a06 kernel)"
+            return ("decode_step issued no GEMM through the engine's linear()/gemv/matmul (the course's a08 GEMV, "
+                    "a06 matmul)")
         return None
     return judge
 
@@ -1083,7 +1159,7 @@ def _engine_trials(g, rng) -> list[Trial]:
 def _a08_trials(rng):
     g = _gen(rng)
     return (_with_repeat(rng, g, lambda r, g, i: [_decode_attention_trial(g, r, i == 1, _dtype_of_draw(i))], 3)
-            + _layernorm_trials(g, rng) + [_write_kv_trial(g, rng)] + _engine_trials(g, rng))
+            + _layernorm_trials(g, rng) + [_write_kv_trial(g, rng)] + _gemv_trials(g, rng) + _engine_trials(g, rng))
 
 
 def _hf_static_step(hf, ids: torch.Tensor, tok0: torch.Tensor, ctx: int):

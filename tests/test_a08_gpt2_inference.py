@@ -20,9 +20,10 @@ import torch
 
 from common import DEVICE, HAS_CUDA
 from common import reference
-from common.kernel_check import (DECODE_ATTENTION, ENGINE, LAYERNORM_KERNEL, WRITE_KV, assert_is_kernel, called, host_syncs,
-                                 watch)
-from common.testing import REL_TOL, assert_close, non_contiguous, random_gpt2, randn, rel_error
+from common.kernel_check import (DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, assert_is_kernel,
+                                 called, host_syncs, watch)
+from common.testing import (REL_TOL, assert_as_accurate_as_torch, assert_close, assert_fresh_each_call,
+                            non_contiguous, random_gpt2, randn, rel_error, torch_matmul)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TINY = dict(vocab_size=257, n_positions=96, n_embd=64, n_layer=2, n_head=2, initializer_range=0.3)
@@ -55,6 +56,11 @@ def eng(impl):
     if needs:
         pytest.fail(needs, pytrace=False)
     return impl.load("a08_gpt2_inference.engine")
+
+
+@pytest.fixture
+def gv(impl):
+    return impl.load("a08_gpt2_inference.gemv")
 
 
 def _nan(shape, dtype, device=DEVICE):
@@ -258,6 +264,126 @@ def test_kv_cache_size_and_errors(kv, seed):
         kv.write_kv(qkv, cache.k[0], cache.v[0], cache.lengths.long())
 
 
+# ============================================================ kernel 4: the decode GEMV
+def _gemv_weight(k: int, n: int, dtype, layout: str) -> torch.Tensor:
+    """W [K, N]: "kn" row-major (GPT-2's Conv1D weight [in, out], N contiguous) or "nk.t" the transposed
+    view of an [N, K] matrix (the LM head's wte.t(), K contiguous)."""
+    if layout == "kn":
+        return randn(k, n, dtype=dtype, scale=k**-0.5)
+    return randn(n, k, dtype=dtype, scale=k**-0.5).t()
+
+
+def _gemv_ref(x, w, bias, activation):
+    y = reference.matmul(x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[1])
+    if bias is not None:
+        y = y + bias.to("cpu", torch.float64)
+    return reference.gelu_tanh(y) if activation == "gelu_tanh" else y
+
+
+def _gemv_scale(x, w, bias):
+    """|x| @ |w| + |b|: the magnitude of the terms each output sums (tolerances, as for a Linear)."""
+    s = reference.matmul(x.reshape(-1, x.shape[-1]).abs(), w.abs()).reshape(*x.shape[:-1], w.shape[1])
+    return s if bias is None else s + bias.to("cpu", torch.float64).abs()
+
+
+#: Split K 3 ways, 32-column blocks, 16-row slices: K = 91 gives splits of 32, 32 and 27 rows.
+GEMV_SPLIT = (32, 16, 3, 4, 1)
+#: 4 ways at K = 77: splits of 32, 32, 13 rows and an empty one (which must add nothing).
+GEMV_SPLIT_EMPTY = (32, 16, 4, 4, 1)
+GEMV_NO_SPLIT = (64, 32, 1, 4, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("layout", ["kn", "nk.t"])
+@pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
+def test_gemv(gv, dtype, m, layout, split, seed):
+    """act(x @ W + b) with GELU, against float64: M rows (1 and 3: the FMA path; 16: tl.dot), K = 91 and
+    N = 133 (no multiple of any block), both weight layouts, K in one piece or split 3 ways (the last
+    split shorter); written into a given NaN-filled ``out``."""
+    k, n = 91, 133
+    x, w, b = randn(m, k, dtype=dtype), _gemv_weight(k, n, dtype, layout), randn(n, dtype=dtype)
+    out = _nan((m, n), dtype)
+    cfg = GEMV_SPLIT if split else GEMV_NO_SPLIT
+    got = assert_is_kernel(lambda: gv.gemv(x, w, b, "gelu_tanh", out=out, config=cfg), GEMV_KERNEL, "gemv")
+    assert got is out, "gemv must return the out tensor it was given"
+    assert_close(got, _gemv_ref(x, w, b, "gelu_tanh"), dtype=dtype, rel_tol=2 * REL_TOL[dtype],
+                 scale=_gemv_scale(x, w, b), name=f"gemv {m}x{k} @ {layout} [{k}, {n}] + bias, GELU, config {cfg}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "gelu"])
+def test_gemv_epilogues_views_and_default_config(gv, dtype, epilogue, seed):
+    """Without bias, bias alone, GELU alone; x as [2, 1, K] (leading dims) and as a strided view; the
+    configs the host heuristic picks (choose_config: split-K or not, by the shapes); the default output."""
+    k, n = 200, 75
+    bias = randn(n, dtype=dtype) if epilogue == "bias" else None
+    act = "gelu_tanh" if epilogue == "gelu" else None
+    for x, w in ((randn(2, 1, k, dtype=dtype), _gemv_weight(k, n, dtype, "kn")),
+                 (non_contiguous(randn(5, k, dtype=dtype)), _gemv_weight(k, n, dtype, "nk.t"))):
+        got = assert_is_kernel(lambda: gv.gemv(x, w, bias, act), GEMV_KERNEL, "gemv")
+        assert_close(got, _gemv_ref(x, w, bias, act), dtype=dtype, rel_tol=2 * REL_TOL[dtype],
+                     scale=_gemv_scale(x, w, bias),
+                     name=f"gemv, x {tuple(x.shape)} strides {x.stride()}, W strides {w.stride()}, {epilogue}")
+
+
+def test_gemv_long_k_as_accurate_as_torch(gv, seed):
+    """K = 4096 in bf16, split-K: the fp32 accumulator and the fp32 partial sums stay as accurate as
+    torch.matmul on the same inputs (a partial sum rounded to bf16 is not)."""
+    k, n = 4096, 40
+    x, w = randn(2, k, dtype=torch.bfloat16), _gemv_weight(k, n, torch.bfloat16, "kn")
+    got = gv.gemv(x, w, config=(64, 64, 8, 4, 1))
+    assert_as_accurate_as_torch(got, reference.matmul(x, w), torch_matmul(x, w), dtype=torch.bfloat16,
+                                name="gemv at K = 4096, 8 splits")
+
+
+def test_gemv_twice_on_one_input_and_deterministic(gv, seed):
+    """Split-K (4 splits, the last one empty) called twice on the same tensors with new values (an output
+    memoised per address, a shared output buffer, or a ticket counter left non-zero by the first call
+    fails), and the same inputs twice give the same bits (the partial sums are added in a fixed order)."""
+    k, n = 77, 70
+    x, w, b = randn(3, k), _gemv_weight(k, n, torch.float32, "kn"), randn(n)
+    call = lambda x, w, b: gv.gemv(x, w, b, "gelu_tanh", config=GEMV_SPLIT_EMPTY)     # noqa: E731
+    assert_fresh_each_call(call, dict(x=x, w=w, b=b), lambda x, w, b: _gemv_ref(x, w, b, "gelu_tanh"),
+                           name="gemv, split-K", scale=lambda x, w, b: _gemv_scale(x, w, b))
+    assert torch.equal(call(x, w, b), call(x, w, b)), "gemv: the same inputs gave different bits on two calls"
+
+
+def test_gemv_bad_inputs(gv, seed):
+    """Clear errors (after a legal call): too many rows, K mismatch, dtypes, bias shape, activation."""
+    x, w = randn(2, 32), randn(32, 24)
+    assert_close(gv.gemv(x, w), reference.matmul(x, w), dtype=torch.float32, name="gemv (before the error checks)")
+    with pytest.raises(ValueError, match="rows"):
+        gv.gemv(randn(17, 32), w)
+    with pytest.raises(ValueError, match="inner"):
+        gv.gemv(randn(2, 31), w)
+    with pytest.raises(TypeError, match="dtype"):
+        gv.gemv(x, w.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bias"):
+        gv.gemv(x, w, randn(23))
+    with pytest.raises(ValueError, match="activation"):
+        gv.gemv(x, w, activation="relu")
+
+
+def test_decode_step_runs_its_gemms_on_the_gemv(eng, tiny_model, seed):
+    """Every GEMM of a decode step (4 per block and the LM head) goes through the a08 GEMV."""
+    engine = _engine(eng, tiny_model)
+    ids, lengths = engine.pad(_prompts([3, 6], TINY["vocab_size"], seed))
+    engine.prefill(ids, lengths)
+    calls, gemv = [], eng.gemv
+
+    def counted(x, w, *a, **kw):
+        calls.append(tuple(w.shape))
+        return gemv(x, w, *a, **kw)
+    eng.gemv = counted
+    try:
+        logits = engine.decode_step(torch.tensor([1, 2], device=engine.device))
+    finally:
+        eng.gemv = gemv
+    assert logits.shape == (2, TINY["vocab_size"])
+    assert len(calls) == 4 * TINY["n_layer"] + 1, f"decode_step ran {len(calls)} GEMMs on the gemv: {calls}"
+
+
 # ============================================================ the engine against transformers
 @pytest.fixture(scope="module")
 def tiny_model():
@@ -459,3 +585,65 @@ def test_kv_cache_memory_matches_accounting(eng, small_model):
     ids = torch.randint(0, 100, (1, 5), device="cuda")
     assert engine.generate(ids, 3).shape == (1, 3)
     del cache
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["small", "xl"])
+@pytest.mark.parametrize("m", [1, 16])
+def test_gemv_gpt2_shapes(gv, model, m, seed):
+    """The decode GEMMs of GPT-2 small and XL in bf16 with the configs the engine uses (choose_config:
+    split-K where N is small): as accurate as torch.matmul on the same inputs, and the same bits on 20
+    calls in a row (the split-K partial sums are added in order; a race between the programs that
+    store them and the one that adds them would show as a changed bit)."""
+    c = {"small": 768, "xl": 1600}[model]
+    for name, (k, n, layout) in {"qkv": (c, 3 * c, "kn"), "proj": (c, c, "kn"), "fc": (c, 4 * c, "kn"),
+                                 "fc_proj": (4 * c, c, "kn"), "lm_head": (c, 50257, "nk.t")}.items():
+        x, w = randn(m, k, dtype=torch.bfloat16), _gemv_weight(k, n, torch.bfloat16, layout)
+        b = randn(n, dtype=torch.bfloat16) if name != "lm_head" else None
+        act = "gelu_tanh" if name == "fc" else None
+        got = assert_is_kernel(lambda: gv.gemv(x, w, b, act), GEMV_KERNEL, f"gemv {name}")
+        want = _gemv_ref(x, w, b, act)
+        base = torch_matmul(x, w).float() + (b.float() if b is not None else 0)
+        base = torch.nn.functional.gelu(base, approximate="tanh") if act else base
+        assert_as_accurate_as_torch(got, want, base.to(torch.bfloat16), dtype=torch.bfloat16,
+                                    name=f"gemv, GPT-2 {model} {name} M={m}", scale=_gemv_scale(x, w, b))
+        again = [gv.gemv(x, w, b, act) for _ in range(20)]
+        assert all(torch.equal(a, got) for a in again), f"gemv, GPT-2 {model} {name} M={m}: bits changed between calls"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True], ids=["no-pdl", "pdl"])
+def test_gemv_in_a_cuda_graph(gv, pdl, seed):
+    """Split-K gemv captured in a CUDA graph (with and without programmatic dependent launch: on sm_90+
+    the graph then holds programmatic edges) and replayed on new values, three calls in a chain."""
+    from common.testing import assert_fresh_in_graph
+    k, n = 1600, 1600
+    x, w1, w2 = randn(1, k, dtype=torch.bfloat16), _gemv_weight(k, n, torch.bfloat16, "kn"), \
+        _gemv_weight(n, n, torch.bfloat16, "kn")
+    b = randn(n, dtype=torch.bfloat16)
+
+    def chain(x, w1, w2, b):
+        y = gv.gemv(x, w1, b, "gelu_tanh", pdl=pdl)
+        return gv.gemv(gv.gemv(y, w2, b, pdl=pdl), w1, pdl=pdl)
+
+    def ref(x, w1, w2, b):
+        y = _gemv_ref(x, w1, b, "gelu_tanh").to(torch.bfloat16)
+        return _gemv_ref(_gemv_ref(y, w2, b, None).to(torch.bfloat16), w1, None, None)
+    gv.gemv(x, w1, b)                 # the ticket counters are allocated eagerly, outside the graph
+    assert_fresh_in_graph(chain, dict(x=x, w1=w1, w2=w2, b=b), ref, name=f"three gemv calls, pdl={pdl}",
+                          dtype=torch.bfloat16, rel_tol=3e-2)
+
+
+@pytest.mark.gpu
+def test_engine_gemv_and_pdl_switches_give_the_same_tokens(eng, small_model, seed):
+    """fp32 at GPT-2 small's shape: the engine with the GEMV and PDL (the default on sm_90+), without PDL,
+    and with the a06 matmul for decode (decode_gemv=False) all generate transformers' 32 greedy tokens,
+    decode steps replayed from CUDA graphs."""
+    prompt = _prompts([29], SMALL["vocab_size"], seed)
+    want = hf_generate(small_model, prompt[0], 32, device="cuda")
+    for kw in ({}, {"pdl": False}, {"decode_gemv": False, "pdl": False}):
+        engine = eng.GPT2Engine.from_hf(small_model, dtype=torch.float32, max_batch=1, max_seq_len=128, **kw)
+        got = engine.generate(prompt, 32).tolist()[0]
+        assert got == want, (f"engine {kw or 'default'} (pdl={engine.pdl}): first difference at new token "
+                             f"{next(j for j in range(32) if got[j] != want[j])}")
+

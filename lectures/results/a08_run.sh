@@ -4,6 +4,10 @@
 #   bash lectures/results/a08_run.sh bench     # the benchmark: GPT-2 small and medium, prompts 128/960, batch 1/8/64
 #   MODELS=small BATCHES="1" bash lectures/results/a08_run.sh bench    # a subset
 #   bash lectures/results/a08_run.sh stubs     # stage-8 graded tests on the untouched stubs (none may pass)
+# Decode at the memory wall (issue #28), each mode one device call of at most 10 minutes, the table last:
+#   bash lectures/results/a08_run.sh gemv      # per-kernel decode-GEMM GB/s: gemv, a06, cuBLAS (+ XL config sweep)
+#   bash lectures/results/a08_run.sh step      # decode-step ms and % of bandwidth: the floors' cases, 3 paths
+#   bash lectures/results/a08_run.sh profile   # decode-step profile of GPT-2 small and XL: kernels, gaps, PDL
 set -u
 OUT=${OUT:-/tmp/a08_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/ext
@@ -22,6 +26,12 @@ for mode in "$@"; do
              2>&1 | tee "$OUT/bench.log" | grep -v "^\[transformers\]" | tail -30 ;;
     stubs) timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests/test_a08_gpt2_inference.py --impl assignments -q \
              --tb=no -m graded 2>&1 | tail -4 ;;
+    gemv) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --gemv --sweep ${SWEEP:-xl} \
+             --out "$OUT/a08" 2>&1 | tee "$OUT/gemv.log" | tail -80 ;;
+    step) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --step ${STEP_ARGS:-} \
+             --out "$OUT/a08" 2>&1 | tee "$OUT/step.log" | tail -40 ;;
+    profile) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --profile \
+             --models ${MODELS:-small xl} --out "$OUT/a08" 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
   esac
 done
 echo "== done $(date +%T)"

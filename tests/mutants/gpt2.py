@@ -1,12 +1,12 @@
 """Buggy variants of stage 8 (GPT-2 inference: fused residual + LayerNorm, flash-decoding
-attention, the KV-cache write, the engine's decode step). Each must make at least one graded
+attention, the KV-cache write, the decode GEMV, the engine's decode step). Each must make at least one graded
 test of tests/test_a08_gpt2_inference.py fail. Everything runs under the Triton interpreter on
 a CPU: the kernels against float64 with NaN past every sequence's length, the decode step
 against transformers on a right-padded batch of different prompt lengths."""
 from . import Mutant
 
 S = "a08_gpt2_inference"
-LN, DEC, KV, ENG = "layernorm.py", "decode_attention.py", "kv_cache.py", "engine.py"
+LN, DEC, KV, ENG, GV = "layernorm.py", "decode_attention.py", "kv_cache.py", "engine.py", "gemv.py"
 
 #: The decode step's attention call, the line most of the engine's mutants edit.
 ATTEND = "att = decode_attention(q, cache.k[i, :b], cache.v[i, :b], new_lengths, pdl=pdl)"
@@ -58,6 +58,19 @@ MUTANTS = [
     Mutant(S, KV, "token index ignored", [("pos = tl.load(START + b) + t", "pos = tl.load(START + b)")]),
     Mutant(S, KV, "only the first head written", [("ok = (hs[:, None] < H) & (pos < S_MAX)", "ok = (hs[:, None] < 1) & (pos < S_MAX)")]),
 
+    # ---- kernel 4, the decode GEMV: test_gemv*
+    Mutant(S, GV, "split-K partials not all summed",
+           [("            for s in range(SPLIT_K):", "            for s in range(SPLIT_K - 1):")]),
+    Mutant(S, GV, "bias added to every split's partial sum",
+           [("        tl.store(part, acc, mask=mask)\n",
+             "        if HAS_BIAS:\n"
+             "            acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]\n"
+             "        tl.store(part, acc, mask=mask)\n")]),
+    Mutant(S, GV, "W's column stride ignored (assumes N contiguous)",
+           [("offs_k[:, None] * stride_wk + tl.arange(0, BLOCK_N)[None, :] * stride_wn",
+             "offs_k[:, None] * stride_wk + tl.arange(0, BLOCK_N)[None, :]")]),
+    Mutant(S, GV, "every split runs to the end of K", [("k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)", "k_hi = K")]),
+
     # ---- the decode step: test_decode_logits, test_generate_matches_transformers
     Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths, pdl", "new_lengths, pdl"))]),
     Mutant(S, ENG, "decode attends without the newest key", [(ATTEND, ATTEND.replace("new_lengths, pdl", "lengths, pdl"))]),
@@ -70,8 +83,8 @@ MUTANTS = [
     Mutant(S, ENG, "cache lengths not advanced", [("        lengths.copy_(new_lengths)\n", "")]),
     Mutant(S, ENG, "query taken from the key columns", [("q = qkv[:, :c].view(b, h, d)", "q = qkv[:, c:2 * c].view(b, h, d)")]),
     Mutant(S, ENG, "final LayerNorm skipped",
-           [("            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps)\n"
+           [("            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps, pdl=pdl)\n"
              "        lengths.copy_(new_lengths)",
-             "            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps)\n"
+             "            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps, pdl=pdl)\n"
              "        y = hid\n        lengths.copy_(new_lengths)")]),
 ]
