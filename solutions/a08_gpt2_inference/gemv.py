@@ -241,10 +241,11 @@ WORKSPACE_SHARE = 0.25
 MIN_SLICES = 1
 
 
-def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool,
-                  sms: int) -> tuple[int, int, int, int, int]:
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool, sms: int, *,
+                  interpreter: bool = TRITON_INTERPRET) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for M rows of x, W [K, N] of ``dtype``
-    (``k_contiguous``: W's K dim has stride 1, e.g. the LM head's wteᵀ), on ``sms`` SMs.
+    (``k_contiguous``: W's K dim has stride 1, e.g. the LM head's wteᵀ), on ``sms`` SMs
+    (``interpreter``: the CPU interpreter's wide tiles; False shows what a GPU runs).
 
     The rule, from shapes only (graph-safe, no autotuning):
     * tile: loads of 16 bytes per thread along W's contiguous dim; the FMA path (M <= 4) keeps its
@@ -269,7 +270,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
     else:                                              # threads along N
         bn = 32 * vec
         bk = max(64 * 32 * 4 // (bn * bm), 1)
-    if TRITON_INTERPRET:
+    if interpreter:
         bn, bk = max(bn, 64), max(bk, 64)
         if use_dot(m):
             bn, bk = 64, 32
