@@ -203,7 +203,7 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     # random pick (common.stages.DTYPE_CYCLE)
     dtypes = {"torch.float32", "torch.bfloat16", "torch.float16"}
     for key, kernels in (("a02", ("Pretransposed",)), ("a03", ("add_bias", "FusedLinear(addmm)", "FusedLinear(triton)")),
-                         ("a05", ("gelu",)), ("a08", ("decode_attention", "add_layernorm", "layernorm (no residual)"))):
+                         ("a05", ("gelu",)), ("a08", ("decode_attention", "add_layernorm", "layernorm (no residual)", "gemv"))):
         for seed in (1, 2):
             names = [t.name for t in by_key(key).trials(random.Random(seed))]
             for kernel in kernels:

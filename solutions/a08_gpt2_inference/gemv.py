@@ -275,7 +275,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
         if use_dot(m):
             bn, bk = 64, 32
     n_blocks = triton.cdiv(n, bn)
-    k_slices = triton.cdiv(k, bk)
+    k_slices = max(triton.cdiv(k, bk), 1)
     want = triton.cdiv(PROGRAMS_PER_SM * sms, n_blocks)
     by_ws = int(WORKSPACE_SHARE * k * size / (8 * max(m, 1)))      # 2 passes of 4-byte partials
     splits = max(1, min(want, k_slices // MIN_SLICES, by_ws, 128))
