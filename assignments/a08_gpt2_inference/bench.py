@@ -405,15 +405,17 @@ def sweep_configs(gv, m: int, k: int, n: int, k_contiguous: bool, sms: int) -> l
     """A few configs around choose_config's pick (splits halved/doubled, other tiles, the other path)."""
     bn, bk, sp, w, st = gv.choose_config(m, n, k, torch.bfloat16, k_contiguous, sms)
     dot = gv.use_dot(m)
-    out = [(bn, bk, sp, w, st), (bn, bk, max(1, sp // 2), w, st), (bn, bk, sp * 2, w, st), (bn, bk, sp, w, 2)]
+    out = [(bn, bk, sp, w, st, dot), (bn, bk, max(1, sp // 2), w, st, dot), (bn, bk, sp * 2, w, st, dot),
+           (bn, bk, sp, w, 2, dot)]
     if dot:
-        out += [(b2, k2, s2, 4, 3, True) for b2, k2, s2 in ((32, 128, sp), (128, 64, sp), (64, 64, sp * 2))]
+        out += [(b2, k2, s2, 4, 3, True) for b2, k2, s2 in ((32, 128, sp), (64, 128, sp), (128, 64, sp),
+                                                            (64, 64, sp * 2))]
         out += [(64, 128, 1, 4, 4, True)]
     else:
-        out += [(bn // 2, bk * 2, sp, w, st), (bn * 2, max(bk // 2, 1), sp, w, st), (bn, bk, sp, 8, st)]
+        out += [(bn // 2, bk * 2, sp, w, st, False), (bn * 2, max(bk // 2, 1), sp, w, st, False),
+                (bn, bk, sp, 8, st, False)]
         out += [(64, 128, max(1, sp // 2), 4, 3, True)]                     # tl.dot even at M = 1
-    return list(dict.fromkeys(c for c in out if c[0] >= 1 and c[1] >= 1 and not (len(c) == 6 and c[5] and
-                                                                                 (c[0] < 16 or c[1] < 16))))
+    return list(dict.fromkeys(c for c in out if c[0] >= 1 and c[1] >= 1 and not (c[5] and (c[0] < 16 or c[1] < 16))))
 
 
 def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float, head: str, cmd: str,
@@ -594,15 +596,22 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
         print(f"{model}: built in {time.perf_counter() - t0:.0f} s", flush=True)
         for b, p in bps:
             nbytes = step_bytes(engine, b, p + 1 + STEPS // 2)
+            first = None
             for path, kw in PATHS.items():
                 use_path(eng_mod, engine, **kw)
                 ms = step_ms(engine, b, p, runs)
                 med = statistics.median(ms)
+                # the same step's logits on every path (bf16: the paths round differently, ~1e-2 apart)
+                ready_for_decode(engine, b, p)
+                logits = engine.decode_step(torch.arange(b, device=engine.device)).float()
+                first = logits if first is None else first
+                err = float((logits - first).norm() / first.norm())
                 rows.append(dict(model=model, batch=b, prompt=p, path=path, pdl=engine.pdl,
                                  runs_ms=" ".join(f"{x:.4f}" for x in ms), step_ms=med, step_MB=nbytes / 1e6,
-                                 GBps=nbytes / med / 1e6, of_copy=nbytes / med / 1e6 / gbps_copy))
+                                 GBps=nbytes / med / 1e6, of_copy=nbytes / med / 1e6 / gbps_copy,
+                                 logits_vs_first_path=err))
                 print(f"{model} B={b} P={p} {path}: {med:.4f} ms/step ({rows[-1]['of_copy']:.0%} of copy) "
-                      f"runs {rows[-1]['runs_ms']}", flush=True)
+                      f"runs {rows[-1]['runs_ms']}; logits vs the a06 path: {err:.1e}", flush=True)
         del engine
         torch.cuda.empty_cache()
     _write_csv(out_dir / "a08_decode_step.csv", rows)
@@ -613,16 +622,19 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
              f"CUDA events per run, median of {runs} runs (each listed). Bytes: every weight once + the KV cache "
              f"at the run's mean context (prompt + 1 + {STEPS // 2}). `of copy`: those bytes / time, over the copy "
              "bandwidth. Paths: the a06 matmul for the decode GEMMs (the engine before the gemv); the a08 gemv; "
-             "the gemv with programmatic dependent launch on every a08 kernel of the step.", "",
-             "| model | batch | prompt | path | ms/step | runs | MB/step | GB/s | of copy | floor |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "the gemv with programmatic dependent launch on every a08 kernel of the step. `logits`: one eager "
+             "step's logits against the a06 path's on the same cache (relative error; bf16 paths round "
+             "differently, a wrong kernel is off by ~1).", "",
+             "| model | batch | prompt | path | ms/step | runs | MB/step | GB/s | of copy | floor | logits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fl = 0.65 if (r["model"], r["batch"], r["prompt"]) == ("xl", 16, 500) else (
             floors[r["model"]] if r["batch"] == 1 and r["prompt"] == 100 else None)
         mark = "-" if fl is None or r["path"] == "a06 matmul" else (
             f"{fl:.0%}: {'met' if r['of_copy'] >= fl else 'NOT met'}")
         lines.append(f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['path']} | {r['step_ms']:.4f} | "
-                     f"{r['runs_ms']} | {r['step_MB']:,.0f} | {r['GBps']:,.0f} | {r['of_copy']:.1%} | {mark} |")
+                     f"{r['runs_ms']} | {r['step_MB']:,.0f} | {r['GBps']:,.0f} | {r['of_copy']:.1%} | {mark} | "
+                     f"{r['logits_vs_first_path']:.1e} |")
     text = "\n".join(lines) + "\n"
     (out_dir / "a08_decode_step.md").write_text(text)
     return text
