@@ -118,15 +118,17 @@ def _last_to_arrive(COUNT, SPLIT_K: tl.constexpr, FENCE: tl.constexpr):
 def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
                  M, N, K, K_PER_SPLIT, stride_xm, stride_xk, stride_wk, stride_wn, stride_ym,
                  HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, FAST_TANH: tl.constexpr,
-                 SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr, COMBINE: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_K_CONTIG: tl.constexpr,
                  FENCE: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (pid_n, split): Y[:M, cols] = act(X[:M, :] @ W[:, cols] + BIAS[cols]) for the
     BLOCK_N columns cols of block pid_n, the rows k of W in [split·K_PER_SPLIT, +K_PER_SPLIT)
     (K_PER_SPLIT a multiple of BLOCK_K; the last split may be shorter, or empty). X [M, K] and
     W [K, N] with any strides (elements); Y [M, N] with row stride stride_ym, columns contiguous;
     BIAS [N] contiguous (if HAS_BIAS). SPLIT_K > 1: PART is an fp32 [SPLIT_K, M, N] workspace
-    (contiguous), COUNT[pid_n] the block's ticket counter (0 between calls). BLOCK_M >= M.
+    (contiguous), COUNT[pid_n] the block's ticket counter (0 between calls), COMBINE (a power of 2)
+    the partial sums the combining program loads at once. BLOCK_M >= M. W_K_CONTIG: W's K dim has
+    stride 1 (the LM head's wteᵀ).
     USE_DOT: BLOCK_M = 16 and tl.dot; else an FMA accumulator [BLOCK_M, BLOCK_K, BLOCK_N].
     DOT_FP32: cast the tl.dot operands to fp32 (the interpreter's bf16 tl.dot is wrong)."""
     if USE_PDL:   # given: programmatic dependent launch (PDL_NOTES): wait for the previous kernel, then
@@ -144,14 +146,19 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
     #      m < M and k < k_hi, other=0), then in fp32:
     #        USE_DOT:  acc = tl.dot(x, w, acc, input_precision="ieee")   (acc [BLOCK_M, BLOCK_N];
     #                  if DOT_FP32 cast x and w to fp32 first)
-    #        else:     acc += x[:, :, None] * w[None, :, :]              (acc [BLOCK_M, BLOCK_K, BLOCK_N]);
-    #                  after the loop, acc = tl.sum(acc, axis=1)          (one reduction, not one per slice)
+    #        else:     acc3 += x * w with acc3 [BLOCK_M, BLOCK_K, BLOCK_N]; load w as a [1, BLOCK_K, BLOCK_N]
+    #                  tile and x as [BLOCK_M, BLOCK_K, 1] (W_K_CONTIG: as [BLOCK_M, BLOCK_K, BLOCK_N], every
+    #                  column reading the same x) so that both take W's layout and nothing is reshuffled
+    #                  inside the loop; after the loop acc = tl.sum(acc3, axis=1) (one reduction, not one per
+    #                  slice). Keep the loop-carried state small: scalar base pointers advanced by BLOCK_K
+    #                  rows, offsets computed once.
     #   3. SPLIT_K == 1: y = acc (+ bias[n] if HAS_BIAS), _gelu_tanh(y, FAST_TANH) if ACTIVATION ==
     #      "gelu_tanh", store y.to(Y's dtype) at Y + m * stride_ym + n (mask m < M, n < N).
     #      SPLIT_K > 1: store acc (fp32, no bias) to PART + (split * M + m) * N + n; then
-    #      if _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE): total = sum over s = 0 .. SPLIT_K - 1, IN THAT
-    #      ORDER, of PART[s, m, n] (tl.load(..., cache_modifier=".cg"): from L2, never a stale L1 line),
-    #      then bias, GELU and the store of step 3. Bias once, after the sum, never per split.
+    #      if _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE): add up PART[s, m, n] over every split s in a FIXED
+    #      order: COMBINE splits at a time (a [COMBINE, BLOCK_M, BLOCK_N] load, masked at s < SPLIT_K, with
+    #      cache_modifier=".cg": from L2, never a stale L1 line; tl.sum over axis 0), chunk after chunk; then
+    #      bias, GELU and the store of step 3. Bias once, after the sum, never per split.
     pass
 
 
@@ -180,6 +187,10 @@ def block_m(m: int, dot: bool) -> int:
 
 #: Programs per SM :func:`choose_config` aims at: several slabs of W in flight on every SM.
 PROGRAMS_PER_SM = 4
+#: fp32 accumulators per thread on the FMA path (BLOCK_M·BLOCK_K·BLOCK_N / threads). 32 keeps a program
+#: at 56-96 registers a thread (sm_90, compiled offline: 64 spilled nothing but took 130-220), so that
+#: 4 programs of 8 warps fit on an SM, each with 64 bytes of W in flight per thread.
+ACCUMULATORS = 32
 #: Split-K writes and reads SPLIT_K·M·N fp32 partial sums: keep that under this share of W's bytes.
 WORKSPACE_SHARE = 0.25
 #: ... and give every split at least this many BLOCK_K slices.
@@ -194,9 +205,9 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
 
     The rule, from shapes only (graph-safe, no autotuning):
     * tile: loads of 16 bytes per thread along W's contiguous dim; the FMA path (M <= 4) keeps its
-      [BLOCK_M, BLOCK_K, BLOCK_N] accumulator at 64 fp32 registers a thread (4 warps), so BLOCK_K·BLOCK_N
-      shrinks as BLOCK_M grows; the tl.dot path (M > 4) takes a [128, 64] tile ([128, 32] where N has
-      fewer than 2 blocks of 64 per SM), pipelined 3 deep;
+      [BLOCK_M, BLOCK_K, BLOCK_N] accumulator at ACCUMULATORS fp32 registers a thread (8 warps), so
+      BLOCK_K·BLOCK_N shrinks as BLOCK_M grows; the tl.dot path (M > 4) takes a [128, 64] tile ([128, 32]
+      where N has fewer than 2 blocks of 64 per SM), 4 warps, pipelined 3 deep;
     * split-K: enough programs for PROGRAMS_PER_SM on every SM, but no split shorter than MIN_SLICES
       slices and no more partial-sum traffic than WORKSPACE_SHARE of the weight's bytes.
     Under the interpreter: a few wide programs (each costs milliseconds of Python).
@@ -204,30 +215,37 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
     size = torch.empty((), dtype=dtype).element_size()
     vec = 16 // size                                   # elements per 16-byte load
     bm = block_m(m, use_dot(m))
-    warps, stages = 4, 1
     if use_dot(m):                                     # tl.dot, BLOCK_M = 16
-        bn, bk, stages = 64, (128 if size == 2 else 64), 3
+        warps, stages = 4, 3
+        bn, bk = 64, (128 if size == 2 else 64)
         if triton.cdiv(n, bn) < 2 * sms:               # narrower tiles before more splits (less workspace)
             bn = 32
-    elif k_contiguous:                                 # threads along K: 32 x vec = BLOCK_K
-        bk = 32 * vec
-        bn = max(64 * 32 * 4 // (bk * bm), 4)          # 64 accumulators a thread, 4 warps
-    else:                                              # threads along N
-        bn = 32 * vec
-        bk = max(64 * 32 * 4 // (bn * bm), 1)
-    if interpreter:
-        bn, bk = max(bn, 64), max(bk, 64)
-        if use_dot(m):
-            bn, bk = 64, 32
+    else:                                              # FMAs: ACCUMULATORS per thread, 8 warps
+        warps, stages = 8, 1
+        per_program = ACCUMULATORS * 32 * warps // bm  # BLOCK_K * BLOCK_N
+        if k_contiguous:                               # a warp's 32 threads along K, vec elements each
+            bk = 32 * vec
+            bn = max(per_program // bk, 1)
+        else:                                          # along N
+            bn = 32 * vec
+            bk = max(per_program // bn, 1)
+    if interpreter:                                    # few, wide programs; split K at most 2 ways
+        bn, bk = (64, 32) if use_dot(m) else (256, 64)
     n_blocks = triton.cdiv(n, bn)
     k_slices = max(triton.cdiv(k, bk), 1)
-    want = triton.cdiv(PROGRAMS_PER_SM * sms, n_blocks)
+    want = 2 if interpreter else triton.cdiv(PROGRAMS_PER_SM * sms, n_blocks)
     by_ws = int(WORKSPACE_SHARE * k * size / (8 * max(m, 1)))      # 2 passes of 4-byte partials
     splits = max(1, min(want, k_slices // MIN_SLICES, by_ws, 128))
     # whole slices per split, and no empty split
     per = triton.cdiv(k_slices, splits)
     splits = triton.cdiv(k_slices, per)
     return bn, bk, splits, warps, stages
+
+
+def combine_chunk(splits: int, bm: int, bn: int, warps: int) -> int:
+    """How many split-K partial sums the last program loads at once (a power of 2): all of them up to
+    32 fp32 values a thread (their loads in flight together: one L2 round trip, not SPLIT_K of them)."""
+    return max(1, min(triton.next_power_of_2(splits), 32 * 32 * warps // (bm * bn)))
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -324,7 +342,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
         m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0),
         HAS_BIAS=bias is not None, ACTIVATION=activation,
         FAST_TANH=not TRITON_INTERPRET and x.dtype != torch.float32,
-        SPLIT_K=splits, USE_DOT=dot, DOT_FP32=TRITON_INTERPRET and x.dtype == torch.bfloat16,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FENCE=not TRITON_INTERPRET, USE_PDL=use_pdl,
+        SPLIT_K=splits, COMBINE=combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=TRITON_INTERPRET and x.dtype == torch.bfloat16,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=w.stride(0) == 1 and k > 1, FENCE=not TRITON_INTERPRET,
+        USE_PDL=use_pdl,
         num_warps=warps, num_stages=stages, **launch)
     return out

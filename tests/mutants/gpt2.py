@@ -60,7 +60,7 @@ MUTANTS = [
 
     # ---- kernel 4, the decode GEMV: test_gemv*
     Mutant(S, GV, "split-K partials not all summed",
-           [("            for s in range(SPLIT_K):", "            for s in range(SPLIT_K - 1):")]),
+           [("mask=(s < SPLIT_K)[:, None, None]", "mask=(s < SPLIT_K - 1)[:, None, None]")]),
     Mutant(S, GV, "bias added to every split's partial sum",
            [("        tl.store(part, acc, mask=mask)\n",
              "        if HAS_BIAS:\n"
