@@ -19,18 +19,20 @@ This kernel parallelises over N *and* K (split-K) so that every SM streams sever
 the weight at once, and loads W along its contiguous dimension in wide vectors:
 
   program (pid_n, split): columns [pid_n·BLOCK_N, +BLOCK_N), rows k of [split·K_PER_SPLIT, +K_PER_SPLIT)
-    1. acc = 0 (fp32). For each BLOCK_K slice of the split's rows: load the W tile [BLOCK_K,
-       BLOCK_N] (masked at K and N) and x [BLOCK_M, BLOCK_K] (masked at M and K), and
-         USE_DOT = False (M <= 4): acc[BLOCK_M, BLOCK_K, BLOCK_N] += x[:, :, None] * w[None, :, :]
+    1. acc = 0 (fp32). For each BLOCK_K slice of the split's rows: load the W tile (masked at K
+       and N) and x (masked at M and K), and
+         USE_DOT = False (M <= 4): acc[BLOCK_M, BLOCK_K, BLOCK_N] += x * w, W loaded as a
+                 [1, BLOCK_K, BLOCK_N] tile so that the accumulator keeps the load's layout
                  (CUDA-core FMAs; summed over K once, after the loop: no reduction per slice);
          USE_DOT = True  (M > 4, BLOCK_M = 16): acc[BLOCK_M, BLOCK_N] = tl.dot(x, w, acc)
                  (tensor cores: 16 rows of FMAs per weight element would make the CUDA cores the bottleneck).
     2. SPLIT_K == 1: y = act(acc + bias), one cast, one store.
        SPLIT_K  > 1: store the fp32 partial sums to PART[split, :M, cols]; the LAST program of
        the column block to arrive (a ticket counter, _last_to_arrive) adds the SPLIT_K partials in
-       order s = 0, 1, ..., SPLIT_K - 1, then bias and GELU, and stores y. The order is fixed, so
-       the result is the same bits on every run (an atomic add of the partials into y would not
-       be: fp32 addition is not associative). One kernel, no second "reduce" launch.
+       a fixed order (COMBINE of them per load, chunk after chunk), then bias and GELU, and stores
+       y. The order is fixed, so the result is the same bits on every run (an atomic add of the
+       partials into y would not be: fp32 addition is not associative). One kernel, no second
+       "reduce" launch.
 
 Configs (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) come from :func:`choose_config`, a rule
 of the shapes (M, N, K, dtype, which dim of W is contiguous, the SM count): no autotuning, no
@@ -49,7 +51,7 @@ import triton
 import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
-from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.checks import check_same, check_tensor
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
 

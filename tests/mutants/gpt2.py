@@ -67,8 +67,8 @@ MUTANTS = [
              "            acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]\n"
              "        tl.store(part, acc, mask=mask)\n")]),
     Mutant(S, GV, "W's column stride ignored (assumes N contiguous)",
-           [("offs_k[:, None] * stride_wk + tl.arange(0, BLOCK_N)[None, :] * stride_wn",
-             "offs_k[:, None] * stride_wk + tl.arange(0, BLOCK_N)[None, :]")]),
+           [("offs_k[None, :, None] * stride_wk + tl.arange(0, BLOCK_N)[None, None, :] * stride_wn",
+             "offs_k[None, :, None] * stride_wk + tl.arange(0, BLOCK_N)[None, None, :]")]),
     Mutant(S, GV, "every split runs to the end of K", [("k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)", "k_hi = K")]),
 
     # ---- the decode step: test_decode_logits, test_generate_matches_transformers
