@@ -524,12 +524,14 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------- the decode step
-def engine_for(eng_mod, name: str, batch: int, ctx: int):
-    """A random-weight GPT-2 of size ``name`` in bf16 as the engine (cache for ctx + 2·STEPS positions)."""
-    torch.manual_seed(0)
-    hf = hf_gpt2(name, torch.bfloat16)
+def engine_for(eng_mod, name: str, batch: int, ctx: int, hf=None):
+    """A random-weight GPT-2 of size ``name`` in bf16 (or the weights of ``hf``) as the engine, its cache
+    sized for this case: batch sequences of ctx + 2·STEPS positions (decode attention's splits follow
+    the cache's length)."""
+    if hf is None:
+        torch.manual_seed(0)
+        hf = hf_gpt2(name, torch.bfloat16)
     engine = eng_mod.GPT2Engine.from_hf(hf, max_batch=batch, max_seq_len=min(ctx + 2 * STEPS + 8, 1024))
-    del hf
     torch.cuda.empty_cache()
     return engine
 
@@ -592,9 +594,11 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
         by_model.setdefault(m, []).append((b, p))
     for model, bps in by_model.items():
         t0 = time.perf_counter()
-        engine = engine_for(eng_mod, model, max(b for b, _ in bps), max(p for _, p in bps))
+        torch.manual_seed(0)
+        hf = hf_gpt2(model, torch.bfloat16)
         print(f"{model}: built in {time.perf_counter() - t0:.0f} s", flush=True)
         for b, p in bps:
+            engine = engine_for(eng_mod, model, b, p, hf)
             nbytes = step_bytes(engine, b, p + 1 + STEPS // 2)
             first = None
             for path, kw in PATHS.items():
@@ -612,7 +616,9 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
                                  logits_vs_first_path=err))
                 print(f"{model} B={b} P={p} {path}: {med:.4f} ms/step ({rows[-1]['of_copy']:.0%} of copy) "
                       f"runs {rows[-1]['runs_ms']}; logits vs the a06 path: {err:.1e}", flush=True)
-        del engine
+            del engine
+            torch.cuda.empty_cache()
+        del hf
         torch.cuda.empty_cache()
     _write_csv(out_dir / "a08_decode_step.csv", rows)
     floors = {"small": 0.30, "medium": 0.40, "large": 0.50, "xl": 0.60}
