@@ -603,7 +603,16 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
             first = None
             for path, kw in PATHS.items():
                 use_path(eng_mod, engine, **kw)
-                ms = step_ms(engine, b, p, runs)
+                try:
+                    ms = step_ms(engine, b, p, runs)
+                except Exception as e:  # noqa: BLE001 - e.g. a capture that fails: say so, time the others
+                    print(f"{model} B={b} P={p} {path}: FAILED: {type(e).__name__}: {e}", flush=True)
+                    rows.append(dict(model=model, batch=b, prompt=p, path=path, pdl=engine.pdl, runs_ms="failed",
+                                     step_ms=float("nan"), step_MB=nbytes / 1e6, GBps=float("nan"),
+                                     of_copy=float("nan"), logits_vs_first_path=float("nan"),
+                                     error=f"{type(e).__name__}: {str(e)[:200]}"))
+                    torch.cuda.synchronize()
+                    continue
                 med = statistics.median(ms)
                 # the same step's logits on every path (bf16: the paths round differently, ~1e-2 apart)
                 ready_for_decode(engine, b, p)
@@ -638,6 +647,8 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
             floors[r["model"]] if r["batch"] == 1 and r["prompt"] == 100 else None)
         mark = "-" if fl is None or r["path"] == "a06 matmul" else (
             f"{fl:.0%}: {'met' if r['of_copy'] >= fl else 'NOT met'}")
+        if "error" in r:
+            mark = f"FAILED: {r['error'][:80]}"
         lines.append(f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['path']} | {r['step_ms']:.4f} | "
                      f"{r['runs_ms']} | {r['step_MB']:,.0f} | {r['GBps']:,.0f} | {r['of_copy']:.1%} | {mark} | "
                      f"{r['logits_vs_first_path']:.1e} |")
@@ -735,7 +746,14 @@ def profile_table(impl: Impl, cases, gbps_copy: float, head: str, cmd: str, out_
         kb = kind_bytes(engine, b, p + 1 + STEPS // 2, dec.num_splits(b * engine.n_head, engine.max_seq_len))
         for path, kw in PATHS.items():
             use_path(eng_mod, engine, **kw)
-            ms = statistics.median(step_ms(engine, b, p, 1))
+            try:
+                ms = statistics.median(step_ms(engine, b, p, 1))
+            except Exception as e:  # noqa: BLE001 - say so, profile the other paths
+                summary.append(f"| {model} | {b} | {p} | {path} | FAILED: {type(e).__name__}: {str(e)[:120]} "
+                               "| | | | | | | |")
+                print(summary[-1], flush=True)
+                torch.cuda.synchronize()
+                continue
             graph, _ = engine._graphs[b]
             engine.cache.lengths[:b].fill_(p)
             steps = step_kernels(engine, graph)
