@@ -448,10 +448,17 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                 ref = torch.matmul(xs[0], ws[0])
                 got = gv.gemv(xs[0], ws[0])
                 err = float((got.float() - ref.float()).norm() / ref.float().norm())
-                ms = {"gemv": rotated_ms(lambda i: gv.gemv(xs[i], ws[i]), copies),
-                      "gemv_pdl": rotated_ms(lambda i: gv.gemv(xs[i], ws[i], pdl=True), copies),
-                      "a06": rotated_ms(lambda i: mm(xs[i], ws[i]), copies),
-                      "cublas": rotated_ms(lambda i: torch.matmul(xs[i], ws[i]), copies)}
+                calls = {"gemv": lambda i: gv.gemv(xs[i], ws[i]),
+                         "gemv_pdl": lambda i: gv.gemv(xs[i], ws[i], pdl=True),
+                         "a06": lambda i: mm(xs[i], ws[i]), "cublas": lambda i: torch.matmul(xs[i], ws[i])}
+                ms = {}
+                for key, call in calls.items():
+                    try:
+                        ms[key] = rotated_ms(call, copies)
+                    except Exception as e:  # noqa: BLE001 - reported as NaN, the others still timed
+                        print(f"{model} {name} M={m} {key}: FAILED: {type(e).__name__}: {e}", flush=True)
+                        torch.cuda.synchronize()
+                        ms[key] = float("nan")
                 cfg = gv.choose_config(m, n, k, dt, kc, sms)
                 row = dict(model=model, gemm=name, M=m, K=k, N=n, layout="wte.t() (K contiguous)" if kc else "[K, N]",
                            weight_MB=wbytes / 1e6, config=str(cfg), rel_err_vs_cublas=err,
