@@ -492,15 +492,16 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
              "copy: out of L2), back to back in a CUDA graph, median of 15 replays. `PDL chain`: the same calls "
              "launched with programmatic dependent launch. cuBLAS: torch.matmul on the same layout "
              "(PyTorch's defaults). `x cuBLAS` = cuBLAS time / gemv time (>= 1.00: the gemv reads the weight at "
-             "least as fast).", "",
+             "least as fast). Last column: the gemv's output against cuBLAS's (relative error; bf16 rounding is ~1e-3, "
+             "a wrong kernel ~1).", "",
              "| model | GEMM | M | K -> N | weight MB | gemv GB/s | PDL chain GB/s | a06 GB/s | cuBLAS GB/s "
-             "| gemv x cuBLAS | PDL x cuBLAS | a06 x cuBLAS | gemv config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| gemv x cuBLAS | PDL x cuBLAS | a06 x cuBLAS | gemv config | gemv vs cuBLAS output |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['gemm']} | {r['M']} | {r['K']} -> {r['N']} | {r['weight_MB']:.1f} | "
                      f"{r['gemv_GBps']:,.0f} | {r['gemv_pdl_GBps']:,.0f} | {r['a06_GBps']:,.0f} | "
                      f"{r['cublas_GBps']:,.0f} | {r['gemv_vs_cublas']:.2f} | {r['gemv_pdl_vs_cublas']:.2f} | "
-                     f"{r['a06_vs_cublas']:.2f} | `{r['config']}` |")
+                     f"{r['a06_vs_cublas']:.2f} | `{r['config']}` | {r['rel_err_vs_cublas']:.1e} |")
     big = [r for r in rows if r["model"] == "xl" and r["weight_MB"] >= 10]
     if big:
         worst = min(big, key=lambda r: r["gemv_vs_cublas"])
