@@ -178,8 +178,10 @@ def sm_count(device: torch.device) -> int:
 
 
 def use_dot(m: int) -> bool:
-    """The default path for M rows: tl.dot (tensor cores) above 4 rows, CUDA-core FMAs up to 4."""
-    return m > 4
+    """The default path for M rows: tl.dot (tensor cores) above 2 rows, CUDA-core FMAs for 1 or 2.
+    (H100, GPT-2 XL, K-major W: the FMA path at M = 4 read W at 0.53-0.76x cuBLAS's speed, tl.dot at
+    M = 16 at 0.96-1.04x; lectures/results/a08_gemv.md.)"""
+    return m > 2
 
 
 def block_m(m: int, dot: bool) -> int:
@@ -206,18 +208,40 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
     (``interpreter``: the CPU interpreter's wide tiles; False shows what a GPU runs).
 
     The rule, from shapes only (graph-safe, no autotuning):
-    * tile: loads of 16 bytes per thread along W's contiguous dim; the FMA path (M <= 4) keeps its
-      [BLOCK_M, BLOCK_K, BLOCK_N] accumulator at ACCUMULATORS fp32 registers a thread (8 warps), so
-      BLOCK_K·BLOCK_N shrinks as BLOCK_M grows; the tl.dot path (M > 4) takes a [128, 64] tile ([128, 32]
-      where N has fewer than 2 blocks of 64 per SM), 4 warps, pipelined 3 deep;
-    * split-K: enough programs for PROGRAMS_PER_SM on every SM, but no split shorter than MIN_SLICES
-      slices and no more partial-sum traffic than WORKSPACE_SHARE of the weight's bytes.
+    * K-major W (the engine's decode weights, the LM head): a program takes a few whole columns,
+      each a contiguous row of memory, and walks all of K: 4 or 8 columns with 8 warps on the FMA
+      path (M <= 2; 8 where that still gives PROGRAMS_PER_SM programs an SM), 32 (or 16) columns with
+      4 warps pipelined 4 deep on the tl.dot path; split-K only where the columns give fewer programs
+      than SMs. This is the fast layout: on the H100 it reads GPT-2 XL's decode weights at 1.0-1.2x
+      cuBLAS's speed at M = 1 (lectures/results/a08_gemv.md).
+    * N-major W (GPT-2's Conv1D [in, out] as stored): loads of 16 bytes per thread along N; the FMA path
+      keeps its [BLOCK_M, BLOCK_K, BLOCK_N] accumulator at ACCUMULATORS fp32 registers a thread (8 warps),
+      so BLOCK_K·BLOCK_N shrinks as BLOCK_M grows; the tl.dot path takes a [128, 64] tile ([128, 32] where
+      N has fewer than 2 blocks of 64 per SM), 4 warps, pipelined 3 deep; split-K for PROGRAMS_PER_SM
+      programs on every SM, but no split shorter than MIN_SLICES slices and no more partial-sum traffic
+      than WORKSPACE_SHARE of the weight's bytes. Correct, but about half cuBLAS's speed at M = 1.
     Under the interpreter: a few wide programs (each costs milliseconds of Python).
     """
     size = torch.empty((), dtype=dtype).element_size()
     vec = 16 // size                                   # elements per 16-byte load
     bm = block_m(m, use_dot(m))
-    if use_dot(m):                                     # tl.dot, BLOCK_M = 16
+    want_programs = PROGRAMS_PER_SM * sms
+    if k_contiguous and not interpreter:               # K-major W: every column a contiguous row of W
+        # Each program walks the whole of K for a few columns (no split-K while the columns alone give
+        # every SM a program), its warps reading rows of W along memory in 16-byte vectors.
+        bk = 32 * vec
+        want_programs = sms                            # split K only where the columns give < 1 program an SM
+        if use_dot(m):                                 # tl.dot, BLOCK_M = 16, pipelined 4 deep
+            warps, stages, bn, bk = 4, 4, 32, (128 if size == 2 else 64)
+            if triton.cdiv(n, bn) < sms:               # few columns: split a long K (at most 4 ways),
+                if k >= 32 * bk:                       # else narrower programs over longer slices
+                    want_programs = min(4, triton.cdiv(2 * sms, triton.cdiv(n, bn))) * triton.cdiv(n, bn)
+                else:
+                    bn, bk = 16, 2 * bk
+        else:                                          # FMAs: 8 warps, 4 or 8 columns a program
+            warps, stages = 8, 1
+            bn = 8 if triton.cdiv(n, 8) >= PROGRAMS_PER_SM * sms else 4
+    elif use_dot(m):                                   # tl.dot, BLOCK_M = 16
         warps, stages = 4, 3
         bn, bk = 64, (128 if size == 2 else 64)
         if triton.cdiv(n, bn) < 2 * sms:               # narrower tiles before more splits (less workspace)
@@ -235,7 +259,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
         bn, bk = (64, 32) if use_dot(m) else (256, 64)
     n_blocks = triton.cdiv(n, bn)
     k_slices = max(triton.cdiv(k, bk), 1)
-    want = 2 if interpreter else triton.cdiv(PROGRAMS_PER_SM * sms, n_blocks)
+    want = 2 if interpreter else triton.cdiv(want_programs, n_blocks)
     by_ws = int(WORKSPACE_SHARE * k * size / (8 * max(m, 1)))      # 2 passes of 4-byte partials
     splits = max(1, min(want, k_slices // MIN_SLICES, by_ws, 128))
     # whole slices per split, and no empty split

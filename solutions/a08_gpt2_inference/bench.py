@@ -365,8 +365,9 @@ L2_BYTES = 50 * 2**20       # H100's L2; the rotation reads >= 3x this between t
 
 
 def gemm_shapes(c: int, vocab: int = 50257) -> dict[str, tuple[int, int, bool]]:
-    """A GPT-2 block's decode GEMMs and the LM head: name -> (K, N, k_contiguous). The Conv1D weights are
-    [K, N] row-major (N contiguous); the LM head reads wteᵀ, a K-contiguous view of wte [vocab, C]."""
+    """A GPT-2 block's decode GEMMs and the LM head: name -> (K, N, stored k_contiguous). The Conv1D
+    weights are stored [K, N] row-major (N contiguous), and the engine's decode reads a K-major copy of
+    each; the LM head reads wteᵀ, a K-contiguous view of wte [vocab, C], in both phases."""
     return {"qkv": (c, 3 * c, False), "proj": (c, c, False), "fc": (c, 4 * c, False), "fc_proj": (4 * c, c, False),
             "lm_head": (c, vocab, True)}
 
@@ -402,29 +403,27 @@ def rotated_ms(call, copies: int, reps: int = 15) -> float:
 
 
 def sweep_configs(gv, m: int, k: int, n: int, k_contiguous: bool, sms: int) -> list[tuple]:
-    """A few configs around choose_config's pick (splits halved/doubled, other tiles, the other path)."""
+    """A few configs around choose_config's pick (other column counts, splits, warps, stages, the other path)."""
     bn, bk, sp, w, st = gv.choose_config(m, n, k, torch.bfloat16, k_contiguous, sms)
     dot = gv.use_dot(m)
-    out = [(bn, bk, sp, w, st, dot), (bn, bk, max(1, sp // 2), w, st, dot), (bn, bk, sp * 2, w, st, dot),
-           (bn, bk, sp, w, 2, dot)]
+    out = [(bn, bk, sp, w, st, dot), (bn, bk, max(1, sp // 2), w, st, dot), (bn, bk, sp * 2, w, st, dot)]
     if dot:
-        out += [(b2, k2, s2, 4, 3, True) for b2, k2, s2 in ((32, 128, sp), (64, 128, sp), (128, 64, sp),
-                                                            (64, 64, sp * 2))]
-        out += [(64, 128, 1, 4, 4, True)]
+        out += [(b2, k2, s2, 4, s3, True) for b2, k2 in ((16, 128), (32, 128), (64, 128), (16, 256), (32, 256))
+                for s2 in (1, 2, 4) for s3 in (3, 4)]
     else:
-        out += [(bn // 2, bk * 2, sp, w, st, False), (bn * 2, max(bk // 2, 1), sp, w, st, False),
-                (bn, bk, sp, 8, st, False)]
-        out += [(64, 128, max(1, sp // 2), 4, 3, True)]                     # tl.dot even at M = 1
+        out += [(b2, bk, s2, w2, 1, False) for b2 in (4, 8, 16) for s2 in (1, 2) for w2 in (4, 8)]
+        out += [(32, 128, 1, 4, 4, True)]                                   # tl.dot even at M <= 2
     return list(dict.fromkeys(c for c in out if c[0] >= 1 and c[1] >= 1 and not (c[5] and (c[0] < 16 or c[1] < 16))))
 
 
 def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float, head: str, cmd: str,
                out_dir: Path) -> str:
-    """Per-kernel decode-GEMM bandwidth (bf16, M = 1 and 16): the a08 gemv (host config, launched alone and
-    in a chain of PDL launches), the a06 matmul (autotuned, as the engine used it before the gemv) and
-    cuBLAS (torch.matmul on the same [K, N] layout) on GPT-2's decode GEMMs; GB/s = weight bytes / time
-    per call; the gemv's ratio to cuBLAS (>= 1: the gemv reads its weight at least as fast). Weights out of
-    L2 (rotated_ms). Writes a08_gemv.{md,csv}. H100 estimate: 3-5 minutes, +1-2 with --sweep xl."""
+    """Per-kernel decode-GEMM bandwidth (bf16, M = 1, 4 and 16): the a08 gemv on the engine's decode layout
+    (K-major; host config, launched alone and in a chain of PDL launches), the a06 matmul (autotuned, on
+    the stored layout, as the engine used it before the gemv) and cuBLAS (torch.matmul on the stored
+    layout and on the K-major one: the faster of the two counts) on GPT-2's decode GEMMs; GB/s = weight
+    bytes / time per call; the gemv's ratio to cuBLAS (>= 1: the gemv reads its weight at least as fast).
+    Weights out of L2 (rotated_ms). Writes a08_gemv.{md,csv}. H100 estimate: 2-4 minutes, +1-2 with --sweep xl."""
     gv = impl.load("a08_gpt2_inference.gemv")
     mm = impl.load("a06_matmul.matmul_triton").matmul
     dt, rows, sweeps = torch.bfloat16, [], []
@@ -440,9 +439,9 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
         for name, (k, n, kc) in gemm_shapes(c).items():
             wbytes = k * n * 2
             copies = max(3, -(-3 * L2_BYTES // wbytes))
-            ws = [(torch.randn(n, k, device="cuda", dtype=dt) * k**-0.5).t() if kc else
-                  torch.randn(k, n, device="cuda", dtype=dt) * k**-0.5 for _ in range(copies)]
-            for m in (1, 16):
+            ws = [(torch.randn(n, k, device="cuda", dtype=dt) * k**-0.5).t() for _ in range(copies)]   # K-major
+            stored = ws if kc else [w.contiguous() for w in ws]                                       # N-major
+            for m in (1, 4, 16):
                 xs = [torch.randn(m, k, device="cuda", dtype=dt) for _ in range(copies)]
                 t0 = time.perf_counter()
                 ref = torch.matmul(xs[0], ws[0])
@@ -450,7 +449,8 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                 err = float((got.float() - ref.float()).norm() / ref.float().norm())
                 calls = {"gemv": lambda i: gv.gemv(xs[i], ws[i]),
                          "gemv_pdl": lambda i: gv.gemv(xs[i], ws[i], pdl=True),
-                         "a06": lambda i: mm(xs[i], ws[i]), "cublas": lambda i: torch.matmul(xs[i], ws[i])}
+                         "a06": lambda i: mm(xs[i], stored[i]), "cublas_stored": lambda i: torch.matmul(xs[i], stored[i]),
+                         "cublas_kmajor": lambda i: torch.matmul(xs[i], ws[i])}
                 ms = {}
                 for key, call in calls.items():
                     try:
@@ -459,8 +459,9 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                         print(f"{model} {name} M={m} {key}: FAILED: {type(e).__name__}: {e}", flush=True)
                         torch.cuda.synchronize()
                         ms[key] = float("nan")
-                cfg = gv.choose_config(m, n, k, dt, kc, sms)
-                row = dict(model=model, gemm=name, M=m, K=k, N=n, layout="wte.t() (K contiguous)" if kc else "[K, N]",
+                ms["cublas"] = min(ms["cublas_stored"], ms["cublas_kmajor"])
+                cfg = gv.choose_config(m, n, k, dt, True, sms)
+                row = dict(model=model, gemm=name, M=m, K=k, N=n, layout="wte.t()" if kc else "K-major copy of [K, N]",
                            weight_MB=wbytes / 1e6, config=str(cfg), rel_err_vs_cublas=err,
                            **{f"{key}_us": v * 1e3 for key, v in ms.items()},
                            **{f"{key}_GBps": wbytes / v / 1e6 for key, v in ms.items()})
@@ -473,7 +474,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                       f" GB/s; config {cfg}; rel. err vs cuBLAS {err:.1e} ({time.perf_counter() - t0:.0f} s)",
                       flush=True)
                 if model in sweep:
-                    for cand in sweep_configs(gv, m, k, n, kc, sms):
+                    for cand in sweep_configs(gv, m, k, n, True, sms):
                         try:
                             t = rotated_ms(lambda i: gv.gemv(xs[i], ws[i], config=cand), copies)
                             sweeps.append(dict(model=model, gemm=name, M=m, config=str(cand), us=t * 1e3,
@@ -481,16 +482,17 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                         except Exception as e:  # noqa: BLE001 - a config that does not compile is reported
                             sweeps.append(dict(model=model, gemm=name, M=m, config=str(cand), us=float("nan"),
                                                GBps=float("nan"), vs_cublas=float("nan"), error=type(e).__name__))
-            del ws, xs
+            del ws, xs, stored
             torch.cuda.empty_cache()
     _write_csv(out_dir / "a08_gemv.csv", rows)
     lines = [f"# Stage 8: decode GEMMs, gemv vs a06 matmul vs cuBLAS ({torch.cuda.get_device_name()})", "",
              head + f"; the same copy timed as below (64 MB, rotated in a graph): {copy_gbps:.0f} GB/s.", "",
              f"Command: `{cmd}`", "",
-             "bf16, x [M, K] @ W [K, N]; GB/s = weight bytes / GPU time per call; each call reads its own copy "
+             "bf16, x [M, K] @ W [K, N]; the gemv reads W K-major (the engine's decode copy; the LM head's wteᵀ), "
+             "the a06 matmul the stored layout (Conv1D: N-major). GB/s = weight bytes / GPU time per call; each call reads its own copy "
              f"of the weight (copies rotated so that >= {3 * L2_BYTES // 2**20} MB lie between two reads of one "
              "copy: out of L2), back to back in a CUDA graph, median of 15 replays. `PDL chain`: the same calls "
-             "launched with programmatic dependent launch. cuBLAS: torch.matmul on the same layout "
+             "launched with programmatic dependent launch. cuBLAS: torch.matmul on both layouts, the faster "
              "(PyTorch's defaults). `x cuBLAS` = cuBLAS time / gemv time (>= 1.00: the gemv reads the weight at "
              "least as fast). Last column: the gemv's output against cuBLAS's (relative error; bf16 rounding is ~1e-3, "
              "a wrong kernel ~1).", "",

@@ -26,7 +26,7 @@ the a08 GEMV for a decode step (B <= 16 rows: a weight read, see gemv.py):
 
   per block   h, y = add_layernorm(attn_out, h, ln_1 / ln_2)        a08 kernel 1 (residual fused)
               qkv  = linear(y, W_attn, b_attn)                       prefill: a06 Triton matmul, bias epilogue
-                                                                     decode:  a08 kernel 4, gemv (split-K)
+                                                                     decode:  a08 kernel 4, gemv, on W's K-major copy
               write_kv(qkv -> cache)                                 a08 kernel 3
               prefill: flash attention forward, causal               a07 kernel 1
               decode:  decode_attention(q, cache, lengths)           a08 kernel 2
@@ -35,8 +35,13 @@ the a08 GEMV for a decode step (B <= 16 rows: a weight read, see gemv.py):
               m    = linear(m, W_fc_proj, b_fc_proj)
   LM head     logits = linear(ln_f(h), wteᵀ)                         tied weights, no copy (B rows: gemv)
 
-``GPT2Engine(..., decode_gemv=False)`` sends the few-row GEMMs to the a06 matmul too (the engine
-before the GEMV, for before/after measurements). ``pdl`` (default: on where the GPU supports it,
+The decode GEMV reads each block weight from a K-MAJOR copy made once at load (stage 2's lesson
+again: transpose once, not per call): GPT-2 stores W [in, out] with out contiguous, and a GEMV of
+one row streams W fastest when each output's K weights are one contiguous run of memory (gemv.py,
+choose_config). The copy doubles the block weights' memory (GPT-2 XL in bf16: +2.9 GB); prefill's
+a06 matmul keeps the stored layout, where its tiles run fastest.
+``GPT2Engine(..., decode_gemv=False)`` sends the few-row GEMMs to the a06 matmul too, with no copy
+(the engine before the GEMV, for before/after measurements). ``pdl`` (default: on where the GPU supports it,
 sm_90+, unless the environment sets ``COURSE_PDL=0``) launches the decode step's a08 kernels with
 programmatic dependent launch, so each one's launch overlaps the tail of the one before
 (gemv.PDL_NOTES); under the CPU interpreter it is always off.
@@ -119,6 +124,13 @@ class GPT2Engine:
         self._tf32 = False
         #: GEMMs of at most GEMV_ROWS rows (a decode step) run on the a08 GEMV; False: on the a06 matmul
         self.decode_gemv = decode_gemv
+        #: the GEMV's K-major copy of each block weight, by the id of the stored [K, N] weight: the
+        #: copy's .t() is contiguous, so the copy is a [K, N] view with K-stride 1 (module docstring)
+        self._k_major: dict[int, torch.Tensor] = {}
+        if decode_gemv:
+            for layer in layers:
+                for w in (layer.attn_w, layer.proj_w, layer.fc_w, layer.fc_proj_w):
+                    self._k_major[id(w)] = w.t().contiguous().t()
         #: programmatic dependent launch for the decode step's a08 kernels (gemv.PDL_NOTES)
         self.pdl = resolve_pdl(pdl, self.device)
 
@@ -169,7 +181,7 @@ class GPT2Engine:
         see __init__). The choice depends on the shape only, so a captured step never changes."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if self.decode_gemv and 0 < rows <= GEMV_ROWS:
-            return gemv(x, w, b, activation, pdl=self.pdl)
+            return gemv(x, self._k_major.get(id(w), w), b, activation, pdl=self.pdl)
         return matmul(x, w, b, activation, allow_tf32=self._tf32, config=_INTERPRETER_TILES)
 
     def lm_head(self, y: torch.Tensor) -> torch.Tensor:

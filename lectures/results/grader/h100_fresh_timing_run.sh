@@ -28,7 +28,7 @@ case ${STEP:-after} in
     echo "after: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt" ;;
   gpu)
     t0=$(date +%s)
-    $PY -m pytest -q -p no:cacheprovider -rfEs tests/test_grader.py tests/test_a06_matmul.py tests/test_a07_flash_attention.py \
+    $PY -m pytest -q -p no:cacheprovider -rfEs --impl solutions tests/test_grader.py tests/test_a06_matmul.py tests/test_a07_flash_attention.py \
       -k "graph or fresh or a08_perf" > "$OUT/gpu_tests.log" 2>&1
     echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$OUT/env.txt"
     t0=$(date +%s)
