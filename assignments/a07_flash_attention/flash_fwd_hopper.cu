@@ -56,7 +56,7 @@
 // (168 registers at launch, 0 spills, for d = 64/128, causal or not; the comparison builds:
 // -DA07C_NO_PINGPONG without the schedule, -DA07C_NO_OVERLAP without the intra-warpgroup overlap)
 // Run on an H100 (builds through common.cuda_ext.load_op, then tests, memcheck and benchmark):
-//   bash lectures/results/a07c_run.sh
+//   bash lectures/_tools/gpu/a07c_run.sh
 //   o, lse = flash_attention_hopper(q, k, v, causal=True)   # assignments.a07_flash_attention.flash_hopper
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
 #include <cuda_bf16.h>
@@ -189,8 +189,8 @@ __host__ __device__ constexpr uint64_t smem_desc(uint32_t addr, uint32_t lbo, ui
 }
 // The shared-memory plan, from the 1024-byte aligned base: Q | K ring | V ring, each tile as
 // PANELS boxes of [rows][64 columns] (16 KB each) side by side; and the wgmma descriptors of
-// each k16 step. The kernel uses these, and so does the CPU check of the plan (experiments/
-// a07c_host_check.cu + a07c_layout_emu.py: TMA boxes, 128-byte swizzle and descriptors
+// each k16 step. The kernel uses these, and so does the CPU check of the plan (tests/a07c/
+// host_check.cu + layout_emu.py: TMA boxes, 128-byte swizzle and descriptors
 // emulated byte by byte, expect-tx counts against the tensor maps' boxes).
 template <int D>
 struct Plan {

@@ -344,7 +344,7 @@ else:
                "dq": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)}}
 #: 16-bit inputs at d = 128 on the GPU, before the table: (longest N_Q or None for any, config), the
 #: first that fits the call wins. From the real-shape sweep's losing shapes (H100, each kernel timed
-#: alone over a config grid: lectures/results/experiments/a07_shapes_try.md): dK/dV in 64x64 tiles,
+#: alone over a config grid: EXPERIMENTS.md, a07_shapes_try): dK/dV in 64x64 tiles,
 #: 4 warps, 2 stages at every length (the table's 64x128 sits at 255 registers and spills when
 #: causal; the backward up to 11 % faster at S <= 1537, unchanged beyond the runs' spread above);
 #: the forward in 64x64 tiles, 4 warps, 3 stages up to 1024 queries (more, smaller programs: S = 512
