@@ -19,11 +19,12 @@ LAB_STAMP := $(VENV)/.lab-installed-$(shell cat pyproject.toml | cksum | cut -d'
 HEADLESS := $(if $(SSH_CONNECTION),yes,$(if $(filter Darwin,$(shell uname -s)),,$(if $(DISPLAY)$(WAYLAND_DISPLAY),,yes)))
 LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root))
 
-.PHONY: test grade check lab ncu notebooks results clean help
+.PHONY: test grade check bench lab ncu notebooks results clean help
 help:
 	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub and mutation checks"
 	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
 	@echo "make check STAGE=a03 - the stage's tests on your work, stopping at the first failure with a short traceback"
+	@echo "make bench STAGE=a06 - the stage's benchmark against PyTorch on IMPL= (GPU); ARGS=\"--quick\" passes options"
 	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
 	@echo "make ncu STAGE=a05 - Nsight Compute on the stage's benchmark case (GPU + ncu); IMPL= as for grade, NCU_ARGS= more options"
 	@echo "make notebooks - execute every lecture notebook"
@@ -47,6 +48,11 @@ grade: $(STAMP)
 check: $(STAMP)
 	$(if $(STAGE),,$(error make check needs a stage: make check STAGE=a03))
 	$(BIN)/python -m pytest $(wildcard tests/test_$(STAGE)_*.py) --impl $(IMPL) -x --tb=short $(if $(K),-k "$(K)") $(if $(BORROW),--borrow $(BORROW))
+
+# make bench STAGE=a06 [IMPL=...] [ARGS="--quick"]: the stage's benchmark (common/bench.py), on a GPU
+bench: $(STAMP)
+	$(if $(STAGE),,$(error make bench needs a stage: make bench STAGE=a06 (a01 ... a08, a07c)))
+	$(BIN)/python -m common.bench $(STAGE) --impl $(IMPL) $(ARGS)
 
 $(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,notebooks]'

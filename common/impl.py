@@ -162,7 +162,7 @@ def stage_dir(stage: str, impl: str | os.PathLike | Impl | None = None) -> Path:
 def add_impl_argument(parser, module_name: str | None = None) -> None:
     """``--impl`` for a command-line tool: 'assignments', 'solutions' or a path. Its default is
     the tree ``module_name`` belongs to (a bench run as ``python -m solutions.a06_matmul.bench``
-    benchmarks solutions/, as ``python -m assignments...`` your work), else ``COURSE_IMPL``,
+    benchmarks solutions/; ``python -m common.bench a06`` passes the tree itself), else ``COURSE_IMPL``,
     else 'assignments'."""
     tree = (module_name or "").split(".")[0]
     default = tree if tree in NAMED else os.environ.get(ENV_VAR, "assignments")

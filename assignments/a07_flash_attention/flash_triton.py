@@ -21,7 +21,7 @@ extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministi
 writes. See the handout (README.md) for the arithmetic.
 
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
-    python -m assignments.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
+    python -m common.bench a07                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100 (`bench.py --sweep`),
 and for 16-bit d = 128 a choice per length (HALF_D128, from the real-shape sweep); on a GPU with
