@@ -45,6 +45,12 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:12]
 
 
+#: Extra ``-D`` defines for every course CUDA build, e.g. ``COURSE_CUDA_DEFINES=A07C_DEBUG_HANG``
+#: (space- or comma-separated): a kernel's debug or experiment variant, which its source documents.
+#: A variant builds and caches apart (the defines are in the build's name); one process loads one.
+DEFINES_VAR = "COURSE_CUDA_DEFINES"
+
+
 def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name: str | None = None,
             extra_cuda_cflags: Sequence[str] = (), fast_math: bool = False, verbose: bool = False) -> str:
     """Build (or reuse) an extension that registers torch operators; return its build name.
@@ -56,8 +62,11 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
     ``getattr(torch.ops, namespace).<op>``. ``op_name``, for sources that register one op
     under a name the caller chooses, is passed as ``-DCOURSE_OP_NAME=<op_name>`` (stage 4:
     ``fused_gelu`` or, for the ``fast_math`` (``--use_fast_math``) build, ``fused_gelu_fast``).
+    ``COURSE_CUDA_DEFINES`` (:data:`DEFINES_VAR`) adds defines to every build.
     Raises RuntimeError without a CUDA GPU.
     """
+    variant = tuple(f"-D{d}" for d in os.environ.get(DEFINES_VAR, "").replace(",", " ").split())
+    extra_cuda_cflags = (*extra_cuda_cflags, *variant)
     key = (name, namespace, op_name, tuple(map(str, sources)), tuple(extra_cuda_cflags), fast_math)
     if key in _LOADED:
         return _LOADED[key]

@@ -250,12 +250,12 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
 __device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 #ifdef A07C_NO_PINGPONG
-constexpr bool PINGPONG = false;   // the build without the schedule (flash_hopper.py: A07C_NO_PINGPONG=1)
+constexpr bool PINGPONG = false;   // the build without the schedule (COURSE_CUDA_DEFINES=A07C_NO_PINGPONG)
 #else
 constexpr bool PINGPONG = true;
 #endif
 #ifdef A07C_NO_OVERLAP
-constexpr bool OVERLAP = false;    // the build without it (flash_hopper.py: A07C_NO_OVERLAP=1)
+constexpr bool OVERLAP = false;    // the build without it (COURSE_CUDA_DEFINES=A07C_NO_OVERLAP)
 #else
 constexpr bool OVERLAP = true;     // softmax of tile j under the same warpgroup's P_{j-1} V_{j-1}
 #endif

@@ -5,7 +5,7 @@
 #                 build through common.cuda_ext.load_op (timed), and a smoke run of each
 #                 (d, causal, S) against float64 and SDPA, one case at a time, each named before
 #                 it runs (a hang traps after 10 s: the mbarrier watchdog). If a case fails, it
-#                 runs again in the debug build (A07C_DEBUG_HANG=1, built in the background from
+#                 runs again in the debug build (COURSE_CUDA_DEFINES=A07C_DEBUG_HANG, built in the background from
 #                 the start), whose watchdog prints the stuck barrier (block, thread, smem
 #                 address, parity) before it traps; the benchmark is then skipped.
 # 2. pytest.log   tests/test_a07c_flash_hopper.py --impl solutions (float64 reference, SDPA's
@@ -31,13 +31,13 @@ step() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
 # The debug variant (printf in the watchdog; its wgmma's are serialised), built while the rest runs,
 # so that a failing smoke case can be rerun with it at once. Its own process: both register one op.
 rm -f "$OUT/smoke_case"
-( A07C_DEBUG_HANG=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
+( COURSE_CUDA_DEFINES=A07C_DEBUG_HANG timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
     > /tmp/a07c_debug_build.log 2>&1 ) &
 DBG_PID=$!
 # The variants the bench compares (each its own build and process), built meanwhile too.
 VARIANTS="A07C_NO_OVERLAP A07C_NO_PINGPONG"
 for V in $VARIANTS; do
-  ( env $V=1 timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
+  ( env COURSE_CUDA_DEFINES=$V timeout 300 $PY -c "from solutions.a07_flash_attention import flash_hopper as m; m._op()" \
       > /tmp/a07c_build_$V.log 2>&1 ) &
 done
 
@@ -75,9 +75,9 @@ PYEOF
   echo "smoke exit: $?"
   if [ -f "$OUT/smoke_case" ]; then
     read -r SD SC SS < "$OUT/smoke_case"
-    step "smoke failed at d=$SD causal=$SC S=$SS: again with the debug build (A07C_DEBUG_HANG=1)"
+    step "smoke failed at d=$SD causal=$SC S=$SS: again with the debug build (COURSE_CUDA_DEFINES=A07C_DEBUG_HANG)"
     wait $DBG_PID; echo "debug build exit: $?"; tail -3 /tmp/a07c_debug_build.log
-    A07C_DEBUG_HANG=1 timeout 90 $PY - "$SD" "$SC" "$SS" <<'PYEOF' 2>&1
+    COURSE_CUDA_DEFINES=A07C_DEBUG_HANG timeout 90 $PY - "$SD" "$SC" "$SS" <<'PYEOF' 2>&1
 import sys, torch
 from solutions.a07_flash_attention import flash_hopper as m
 d, causal, s = int(sys.argv[1]), bool(int(sys.argv[2])), int(sys.argv[3])
@@ -95,8 +95,8 @@ tail -24 "$OUT/build.log"
 step "pytest" | tee "$OUT/pytest.log"
 timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -rs -p no:cacheprovider 2>&1 \
   | tee -a "$OUT/pytest.log" | tail -25
-step "pytest, the A07C_NO_OVERLAP=1 build" | tee -a "$OUT/pytest.log"
-A07C_NO_OVERLAP=1 timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -p no:cacheprovider 2>&1 \
+step "pytest, the COURSE_CUDA_DEFINES=A07C_NO_OVERLAP build" | tee -a "$OUT/pytest.log"
+COURSE_CUDA_DEFINES=A07C_NO_OVERLAP timeout 170 $PY -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -p no:cacheprovider 2>&1 \
   | tee -a "$OUT/pytest.log" | tail -4
 
 step "memcheck" | tee "$OUT/memcheck.log"
@@ -112,8 +112,8 @@ for d in (64, 128):
 PYEOF
 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
   $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -12
-step "memcheck, the A07C_NO_OVERLAP=1 build" | tee -a "$OUT/memcheck.log"
-A07C_NO_OVERLAP=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
+step "memcheck, the COURSE_CUDA_DEFINES=A07C_NO_OVERLAP build" | tee -a "$OUT/memcheck.log"
+COURSE_CUDA_DEFINES=A07C_NO_OVERLAP PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 \
   $PY /tmp/a07c_memcheck.py 2>&1 | tee -a "$OUT/memcheck.log" | tail -6
 
 wait $DBG_PID 2>/dev/null   # the background build is done before anything is timed
@@ -123,8 +123,8 @@ else
   step "bench" | tee "$OUT/bench.log"
   timeout 100 $PY -m solutions.a07_flash_attention.bench_hopper --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -14
   for V in $VARIANTS; do   # A07C_NO_OVERLAP: the softmax not under the same warpgroup's P V; A07C_NO_PINGPONG: no schedule
-    step "bench, the $V=1 build" | tee -a "$OUT/bench.log"
-    env $V=1 timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_$V 2>&1 \
+    step "bench, the COURSE_CUDA_DEFINES=$V build" | tee -a "$OUT/bench.log"
+    env COURSE_CUDA_DEFINES=$V timeout 150 $PY -m solutions.a07_flash_attention.bench_hopper --out /tmp/a07c_$V 2>&1 \
       | tee -a "$OUT/bench.log" | tail -14
   done
   step "bench again, the default build (second round: clocks)" | tee -a "$OUT/bench.log"
