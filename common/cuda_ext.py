@@ -51,6 +51,10 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
 DEFINES_VAR = "COURSE_CUDA_DEFINES"
 
 
+#: Headers the course's CUDA sources share (``#include "hopper.cuh"``): on every build's include path.
+INCLUDE = Path(__file__).resolve().parent
+
+
 def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name: str | None = None,
             extra_cuda_cflags: Sequence[str] = (), fast_math: bool = False, verbose: bool = False) -> str:
     """Build (or reuse) an extension that registers torch operators; return its build name.
@@ -93,7 +97,7 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
     if fresh:
         print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
               file=sys.stderr, flush=True)
-    load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags,
+    load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags, extra_include_paths=[str(INCLUDE)],
          extra_cflags=["-O3", "-std=c++17", *defines, *hidden], build_directory=str(build_dir),
          is_python_module=False, verbose=verbose)
     _LOADED[key] = build_name
@@ -198,7 +202,7 @@ def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] =
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
-    incs = [f"-I{p}" for p in _torch_includes() + _cuda_include()]
+    incs = [f"-I{p}" for p in _torch_includes() + _cuda_include() + [str(INCLUDE)]]
     incs.append(f"-I{sysconfig.get_paths()['include']}")
     for src in map(Path, sources):
         if src.suffix == ".cu":

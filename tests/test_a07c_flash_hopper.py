@@ -195,7 +195,7 @@ def test_hopper_kernel_keeps_wgmma_async():
     src = REPO / "solutions" / STAGE / "flash_fwd_hopper.cu"
     r = subprocess.run([nvcc_path(), "-c", str(src), "-o", "/dev/null", "-std=c++17", "-O3",
                         "-gencode=arch=compute_90a,code=sm_90a", "-DA07C_SM90A", "--expt-relaxed-constexpr",
-                        "-Xptxas", "-v"], capture_output=True, text=True)
+                        f"-I{REPO / 'common'}", "-Xptxas", "-v"], capture_output=True, text=True)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log
     assert "C7510" not in log and "serialized" not in log, f"ptxas serialises the wgmma's:\n{log}"

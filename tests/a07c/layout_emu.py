@@ -62,7 +62,7 @@ def host_check():
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "a07c_host_check")
         r = subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90a", "-DA07C_SM90A",
-                            str(HERE / "host_check.cu"), "-o", exe], capture_output=True, text=True)
+                            f"-I{HERE.parents[1] / 'common'}", str(HERE / "host_check.cu"), "-o", exe], capture_output=True, text=True)
         assert r.returncode == 0, "host_check.cu does not build:\n" + r.stdout + r.stderr
         r = subprocess.run([exe], capture_output=True, text=True)
         assert r.returncode == 0, "host check failed:\n" + r.stderr

@@ -47,7 +47,7 @@ done
   $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   $NVCC --version | tail -2
   step "ptxas report (sm_90a, -DA07C_SM90A)"
-  $NVCC -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -DA07C_SM90A -Xptxas -v -c $SRC -o /dev/null 2>&1 \
+  $NVCC -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -DA07C_SM90A -Icommon -Xptxas -v -c $SRC -o /dev/null 2>&1 \
     | grep -E "error|warning|Performance|entry function|spill|Used"
   step "build + smoke"
   timeout 200 $PY - <<'PYEOF' 2>&1
