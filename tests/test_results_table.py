@@ -1,4 +1,4 @@
-"""README.md's "Results at a glance" table is the one computed from lectures/results/ (not graded).
+"""README.md's results table is the one computed from lectures/results/ (not graded).
 
     python lectures/_tools/results_table.py --write      # after committing new results
 """
