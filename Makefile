@@ -19,14 +19,16 @@ LAB_STAMP := $(VENV)/.lab-installed-$(shell cat pyproject.toml | cksum | cut -d'
 HEADLESS := $(if $(SSH_CONNECTION),yes,$(if $(filter Darwin,$(shell uname -s)),,$(if $(DISPLAY)$(WAYLAND_DISPLAY),,yes)))
 LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root))
 
-.PHONY: test grade check lab ncu notebooks clean help
+.PHONY: test grade check bench lab ncu notebooks results clean help
 help:
 	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub and mutation checks"
 	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
 	@echo "make check STAGE=a03 - the stage's tests on your work, stopping at the first failure with a short traceback"
+	@echo "make bench STAGE=a06 - the stage's benchmark against PyTorch on IMPL= (GPU); ARGS=\"--quick\" passes options"
 	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
 	@echo "make ncu STAGE=a05 - Nsight Compute on the stage's benchmark case (GPU + ncu); IMPL= as for grade, NCU_ARGS= more options"
 	@echo "make notebooks - execute every lecture notebook"
+	@echo "make results STAGE=a06 - rerun on a GPU what lectures/results/ holds for the stage (all stages without STAGE)"
 
 $(STAMP):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
@@ -47,6 +49,11 @@ check: $(STAMP)
 	$(if $(STAGE),,$(error make check needs a stage: make check STAGE=a03))
 	$(BIN)/python -m pytest $(wildcard tests/test_$(STAGE)_*.py) --impl $(IMPL) -x --tb=short $(if $(K),-k "$(K)") $(if $(BORROW),--borrow $(BORROW))
 
+# make bench STAGE=a06 [IMPL=...] [ARGS="--quick"]: the stage's benchmark (common/bench.py), on a GPU
+bench: $(STAMP)
+	$(if $(STAGE),,$(error make bench needs a stage: make bench STAGE=a06 (a01 ... a08, a07c)))
+	$(BIN)/python -m common.bench $(STAGE) --impl $(IMPL) $(ARGS)
+
 $(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,notebooks]'
 	@rm -f $(VENV)/.lab-installed-*; touch $@
@@ -61,6 +68,10 @@ ncu: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v
+
+# make results [STAGE=a06]: the GPU scripts of lectures/_tools/gpu/ behind the stage's tables and plots
+results: $(STAMP)
+	$(BIN)/python -m lectures._tools.results $(if $(STAGE),--stage $(STAGE))
 
 clean:
 	rm -rf $(VENV)

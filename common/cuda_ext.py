@@ -45,6 +45,16 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:12]
 
 
+#: Extra ``-D`` defines for every course CUDA build, e.g. ``COURSE_CUDA_DEFINES=A07C_DEBUG_HANG``
+#: (space- or comma-separated): a kernel's debug or experiment variant, which its source documents.
+#: A variant builds and caches apart (the defines are in the build's name); one process loads one.
+DEFINES_VAR = "COURSE_CUDA_DEFINES"
+
+
+#: Headers the course's CUDA sources share (``#include "hopper.cuh"``): on every build's include path.
+INCLUDE = Path(__file__).resolve().parent
+
+
 def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name: str | None = None,
             extra_cuda_cflags: Sequence[str] = (), fast_math: bool = False, verbose: bool = False) -> str:
     """Build (or reuse) an extension that registers torch operators; return its build name.
@@ -56,8 +66,11 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
     ``getattr(torch.ops, namespace).<op>``. ``op_name``, for sources that register one op
     under a name the caller chooses, is passed as ``-DCOURSE_OP_NAME=<op_name>`` (stage 4:
     ``fused_gelu`` or, for the ``fast_math`` (``--use_fast_math``) build, ``fused_gelu_fast``).
+    ``COURSE_CUDA_DEFINES`` (:data:`DEFINES_VAR`) adds defines to every build.
     Raises RuntimeError without a CUDA GPU.
     """
+    variant = tuple(f"-D{d}" for d in os.environ.get(DEFINES_VAR, "").replace(",", " ").split())
+    extra_cuda_cflags = (*extra_cuda_cflags, *variant)
     key = (name, namespace, op_name, tuple(map(str, sources)), tuple(extra_cuda_cflags), fast_math)
     if key in _LOADED:
         return _LOADED[key]
@@ -84,7 +97,7 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
     if fresh:
         print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
               file=sys.stderr, flush=True)
-    load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags,
+    load(name=build_name, sources=[str(s) for s in sources], extra_cuda_cflags=flags, extra_include_paths=[str(INCLUDE)],
          extra_cflags=["-O3", "-std=c++17", *defines, *hidden], build_directory=str(build_dir),
          is_python_module=False, verbose=verbose)
     _LOADED[key] = build_name
@@ -189,7 +202,7 @@ def compile_check(sources: Sequence[str | Path], *, extra_flags: Sequence[str] =
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
-    incs = [f"-I{p}" for p in _torch_includes() + _cuda_include()]
+    incs = [f"-I{p}" for p in _torch_includes() + _cuda_include() + [str(INCLUDE)]]
     incs.append(f"-I{sysconfig.get_paths()['include']}")
     for src in map(Path, sources):
         if src.suffix == ".cu":

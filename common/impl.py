@@ -159,16 +159,21 @@ def stage_dir(stage: str, impl: str | os.PathLike | Impl | None = None) -> Path:
     return Impl.get(impl).path(stage)
 
 
+IMPL_HELP = "assignments (your work), solutions (the reference), or a path laid out like assignments/"
+
+
 def add_impl_argument(parser, module_name: str | None = None) -> None:
-    """``--impl`` for a command-line tool: 'assignments', 'solutions' or a path. Its default is
-    the tree ``module_name`` belongs to (a bench run as ``python -m solutions.a06_matmul.bench``
-    benchmarks solutions/, as ``python -m assignments...`` your work), else ``COURSE_IMPL``,
-    else 'assignments'."""
+    """``--impl``, the one definition every command line of the course uses (the grader, ncu, the
+    benches, pytest): 'assignments', 'solutions' or a path. Its default is the tree ``module_name``
+    belongs to (a bench run as ``python -m solutions.a06_matmul.bench`` benchmarks solutions/), else
+    ``COURSE_IMPL``, else 'assignments'. ``parser``: an argparse parser, or pytest's (``addoption``:
+    there the default is None and ``COURSE_IMPL`` is read when the impl is imported)."""
+    if hasattr(parser, "addoption"):
+        parser.addoption("--impl", default=None, help=f"{IMPL_HELP} (default: {ENV_VAR}, else assignments)")
+        return
     tree = (module_name or "").split(".")[0]
     default = tree if tree in NAMED else os.environ.get(ENV_VAR, "assignments")
-    parser.add_argument("--impl", default=default,
-                        help="what to run: assignments (your work), solutions (the reference), or a path "
-                             "laid out like assignments/ (default: %(default)s)")
+    parser.add_argument("--impl", default=default, help=f"{IMPL_HELP} (default: %(default)s)")
 
 
 def command_line(module_name: str, argv: list[str] | None = None) -> str:

@@ -18,11 +18,15 @@ lines as they are (the TODO line and its hints), and ``STUB:`` lines uncommented
 own indentation (``# STUB: pass`` becomes ``pass``; a kernel body that writes nothing has no
 ``STUB:`` line). The solution, from ``SOLUTION`` to ``END TODO(aNN...)``, is left out.
 
-Everything else is given code and is copied as it is, except that references to the
-solutions tree (``solutions.a06_matmul``, ``solutions/a06_matmul``) become
-``assignments.``/``assignments/``. Each stage's ``README.md`` is not generated: the one in
-``assignments/`` is the handout, the one in ``solutions/`` the solution notes, both written
-by hand. Files other than .py, .toml, .cu, .cuh, .cpp, .h are copied byte for byte.
+A file goes to ``assignments/`` only if the student has something to do in it (a TODO region),
+or if the stubs need it to import and build (``needed``): the package's ``__init__.py``, the C++
+``binding.cpp``, and the Python loader that builds the stage's CUDA sources (it calls
+``common.cuda_ext.load_op``). Given code outside those (the benchmarks: ``python -m common.bench
+aNN --impl assignments`` runs solutions/' bench on your work) stays in ``solutions/``. Given code
+in a copied file is copied as it is, except that references to the solutions tree
+(``solutions.a06_matmul``, ``solutions/a06_matmul``) become ``assignments.``/``assignments/``.
+Each stage's ``README.md`` is not generated: the one in ``assignments/`` is the handout, the one
+in ``solutions/`` the solution notes, both written by hand.
 """
 from __future__ import annotations
 
@@ -99,6 +103,18 @@ def _files(root: Path) -> list[Path]:
                   if p.is_file() and not SKIP_PARTS & set(p.relative_to(root).parts) and p.suffix != ".pyc")
 
 
+#: copied without a TODO region: the stubs need them to import and to build
+BINDINGS = ("__init__.py", "binding.cpp")
+#: ... and so is a loader that builds the stage's CUDA sources
+LOADER = re.compile(r"^from common\.cuda_ext import .*\bload_op\b", re.M)
+
+
+def needed(rel: Path, text: str) -> bool:
+    """Whether a solution file goes to assignments/: it has a TODO region, or the stubs need it."""
+    return (rel.name in BINDINGS or any(START.match(line) for line in text.splitlines())
+            or (rel.suffix == ".py" and bool(LOADER.search(text))))
+
+
 def generated(source: Path = SOURCE) -> dict[Path, bytes]:
     """What ``assignments/`` should hold, file by file (relative paths), hand-written files left out."""
     out = {}
@@ -106,6 +122,8 @@ def generated(source: Path = SOURCE) -> dict[Path, bytes]:
         if rel.name in HAND_WRITTEN and len(rel.parts) > 1:
             continue
         data = (source / rel).read_bytes()
+        if rel.suffix not in COMMENT or not needed(rel, data.decode()):
+            continue
         if rel.suffix in COMMENT:
             data = stub_text(data.decode(), f"solutions/{rel}").encode()
         out[rel] = data

@@ -46,7 +46,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .impl import ENV_VAR
+from .impl import add_impl_argument
 
 REPO = Path(__file__).resolve().parent.parent
 CASE_MARK = "@@NCU-CASE@@"
@@ -504,8 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     ap.add_argument("stage", help="a02 ... a08 (the stage's grader performance case)")
-    ap.add_argument("--impl", default=os.environ.get(ENV_VAR, "assignments"),
-                    help="assignments (default), solutions, or a folder laid out like assignments/")
+    add_impl_argument(ap)
     ap.add_argument("--no-baseline", action="store_true", help="profile the submission only")
     ap.add_argument("--set", dest="section_set", default="basic",
                     help="ncu section set collected besides the metrics (basic, detailed, full; 'none' for the "

@@ -36,13 +36,12 @@ import pytest
 
 from common import HAS_CUDA, TRITON_INTERPRET
 from common.cuda_ext import nvcc_path
-from common.impl import BORROW_VAR, ENV_VAR, Impl, borrowed
+from common.impl import BORROW_VAR, ENV_VAR, Impl, add_impl_argument, borrowed
 
 
 
 def pytest_addoption(parser):
-    parser.addoption("--impl", default=None,
-                     help="what to grade: assignments (default), solutions, or a path laid out like assignments/")
+    add_impl_argument(parser)
     parser.addoption("--borrow", default=None,
                      help="stages to take from solutions/ where another stage imports them, e.g. a06,a07: try "
                           "stage 8 (which runs on your a06 matmul and a07 attention) before those are done; the "

@@ -10,7 +10,7 @@ bf16 inputs, S in {1, 17, 128, 1000, 4096} (no multiple of the 128-row tiles but
 check run on a CPU.
 
     python -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -rs
-    bash lectures/results/a07c_run.sh       # H100: build, these tests, memcheck, benchmark
+    bash lectures/_tools/gpu/a07c_run.sh       # H100: build, these tests, memcheck, benchmark
 """
 import pytest
 import torch
@@ -195,7 +195,7 @@ def test_hopper_kernel_keeps_wgmma_async():
     src = REPO / "solutions" / STAGE / "flash_fwd_hopper.cu"
     r = subprocess.run([nvcc_path(), "-c", str(src), "-o", "/dev/null", "-std=c++17", "-O3",
                         "-gencode=arch=compute_90a,code=sm_90a", "-DA07C_SM90A", "--expt-relaxed-constexpr",
-                        "-Xptxas", "-v"], capture_output=True, text=True)
+                        f"-I{REPO / 'common'}", "-Xptxas", "-v"], capture_output=True, text=True)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log
     assert "C7510" not in log and "serialized" not in log, f"ptxas serialises the wgmma's:\n{log}"
@@ -205,16 +205,16 @@ def test_hopper_kernel_keeps_wgmma_async():
 
 @pytest.mark.nvcc
 def test_hopper_tma_plan_and_descriptors_emulated():
-    """The kernel's host code and shared-memory plan, checked on a CPU: experiments/
-    a07c_host_check.cu runs launch()'s make_map calls against a mock cuTensorMapEncodeTiled that
+    """The kernel's host code and shared-memory plan, checked on a CPU: tests/a07c/
+    host_check.cu runs launch()'s make_map calls against a mock cuTensorMapEncodeTiled that
     enforces the driver's documented limits (dims {d, S, B*H}, byte strides multiple of 16, box
     <= 256, 128-byte inner box for SWIZZLE_128B, zero fill) and checks each expect-tx count against
-    the full boxes TMA delivers (rows past S included); a07c_layout_emu.py then emulates the TMA
+    the full boxes TMA delivers (rows past S included); layout_emu.py then emulates the TMA
     copies (swizzle, zero fill), decodes every wgmma descriptor of Plan<D> (K-major Q/K, MN-major
     V: start, LBO, SBO) byte by byte, models the mbarrier protocol (counts, expect-tx, parity) under
     random schedules, and runs the consumers' per-lane math against float64."""
     import subprocess
     import sys
-    script = REPO / "lectures" / "results" / "experiments" / "a07c_layout_emu.py"
+    script = REPO / "tests" / "a07c" / "layout_emu.py"
     r = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "emulation ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

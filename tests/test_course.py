@@ -26,8 +26,12 @@ def _stages() -> list[str]:
 
 
 def test_solutions_mirror_assignments_file_for_file():
-    a, s = _files(REPO / "assignments"), _files(REPO / "solutions")
-    assert a == s, f"only in assignments: {sorted(a - s)}; only in solutions: {sorted(s - a)}"
+    """assignments/ holds what solutions/ generates (the files with TODOs and the bindings; not the
+    benches, which stay in solutions/) and the handouts, one beside each stage's solution notes."""
+    from common.make_stubs import generated
+    a = _files(REPO / "assignments")
+    want = {str(rel) for rel in generated()} | {f for f in _files(REPO / "solutions") if Path(f).name == "README.md"}
+    assert a == want, f"only in assignments: {sorted(a - want)}; missing there: {sorted(want - a)}"
     assert _stages(), "no stages found"
 
 
@@ -61,7 +65,9 @@ def _public_api(path: Path) -> dict[str, str]:
 
 
 def _modules() -> list[str]:
-    return sorted(f"{p.parent.name}.{p.stem}" for p in (REPO / "solutions").glob("a*/*.py") if p.stem != "__init__")
+    """The stage modules both trees have (the benches are solutions/' alone)."""
+    return sorted(f"{p.parent.name}.{p.stem}" for p in (REPO / "solutions").glob("a*/*.py")
+                  if p.stem != "__init__" and (REPO / "assignments" / p.parent.name / p.name).exists())
 
 
 @pytest.mark.parametrize("module", _modules())
@@ -206,3 +212,17 @@ def test_workers_only_for_a_first_run_over_whole_folders_on_a_gpu(monkeypatch, t
     monkeypatch.setattr(ag, "HAS_CUDA", False)
     (tmp_path / "k0").rmdir()
     assert ag.auto_workers(_Config([tests_dir]))[0] == 0            # no GPU: nothing to compile for
+
+
+def test_every_stage_has_one_bench_that_takes_impl():
+    """`make bench STAGE=aNN` (common/bench.py): a bench in solutions/ for every stage, run on any tree."""
+    import importlib
+    import inspect
+
+    from common.bench import BENCHES
+    assert {s[:3] for s in BENCHES} >= {s[:3] for s in _stages()}
+    for stage, module in BENCHES.items():
+        main = importlib.import_module(f"solutions.{module}").main
+        assert "argv" in inspect.signature(main).parameters, f"{module}.main takes no argv"
+        assert "--impl" in (REPO / "solutions" / (module.replace(".", "/") + ".py")).read_text() or \
+            "add_impl_argument" in (REPO / "solutions" / (module.replace(".", "/") + ".py")).read_text()

@@ -86,3 +86,28 @@ def test_stub_text_python_and_cuda():
 def test_stub_text_rejects_broken_markers(text, message):
     with pytest.raises(MarkerError, match=message):
         stub_text(text, "f.py")
+
+
+def test_only_files_with_work_and_bindings_are_generated(tmp_path):
+    """A file with no TODO stays in solutions/ (benches run there, on any tree: common.bench), unless
+    the stubs need it: __init__.py, binding.cpp, the loader that builds the stage's CUDA sources."""
+    from common.make_stubs import generated
+    stage = tmp_path / "a09_x"
+    stage.mkdir()
+    (stage / "__init__.py").write_text("")
+    (stage / "binding.cpp").write_text("// the op's schema\n")
+    (stage / "kernel.py").write_text(PY)
+    (stage / "loader.py").write_text("from common.cuda_ext import load_op\n")
+    (stage / "bench.py").write_text("from solutions.a09_x.kernel import f\n")
+    (stage / "README.md").write_text("notes\n")
+    got = {p.as_posix() for p in generated(tmp_path)}
+    assert got == {"a09_x/__init__.py", "a09_x/binding.cpp", "a09_x/kernel.py", "a09_x/loader.py"}
+
+
+def test_assignments_hold_no_file_without_a_todo_but_bindings():
+    from common.make_stubs import BINDINGS, LOADER, START, TARGET
+    idle = [str(p.relative_to(TARGET)) for p in sorted(TARGET.rglob("*"))
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".cpp", ".h", ".toml") and "__pycache__" not in p.parts
+            and p.name not in BINDINGS and not LOADER.search(p.read_text())
+            and not any(START.match(line) for line in p.read_text().splitlines())]
+    assert not idle, f"files in assignments/ with nothing to do: {idle}"

@@ -1,4 +1,4 @@
-"""README.md's "Results at a glance" table is the one computed from lectures/results/ (not graded).
+"""README.md's results table is the one computed from lectures/results/ (not graded).
 
     python lectures/_tools/results_table.py --write      # after committing new results
 """
@@ -39,3 +39,46 @@ def test_check_mode_fails_on_a_hand_edit(tmp_path, monkeypatch):
     assert results_table.main(["--check"]) == 1
     assert results_table.main(["--write"]) == 0
     assert results_table.main(["--check"]) == 0
+
+
+# --- lectures/results/ holds what the course cites, and lectures/ no code outside _tools/ -------
+
+CODE = {".py", ".sh", ".cu", ".cuh", ".cpp", ".c", ".h"}
+TEXT = {".md", ".py", ".ipynb", ".sh", ".txt", ".toml", ".cu", ".cuh", ".cpp", ".h", ".log", ".json", ".yml", ".csv"}
+
+
+def _tracked() -> list[Path]:
+    import subprocess
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+        files = [REPO / p for p in out.decode().split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):     # a copy without .git
+        files = [p for p in REPO.rglob("*") if p.is_file() and ".git" not in p.parts and ".venv" not in p.parts]
+    return [p for p in files if p.is_file()]
+
+
+def test_no_code_in_lectures_outside_tools():
+    lectures = REPO / "lectures"
+    code = [str(p.relative_to(REPO)) for p in _tracked()
+            if p.is_relative_to(lectures) and not p.is_relative_to(lectures / "_tools") and p.suffix in CODE]
+    assert not code, f"code in lectures/ outside lectures/_tools/ (GPU scripts go to lectures/_tools/gpu/): {code}"
+
+
+def test_every_file_in_results_is_cited():
+    """Each file under lectures/results/ is named by another file of the course: by its path under
+    lectures/results/ (``a07c/bench.log``), or, at the top level or from its own folder, by its name.
+    What nothing cites is an old run: git history keeps it (EXPERIMENTS.md says where)."""
+    results = REPO / "lectures" / "results"
+    tracked = _tracked()
+    # not citations: the regenerating tool's map and this test
+    skip = {REPO / "lectures" / "_tools" / "results.py", Path(__file__).resolve()}
+    texts = {p: p.read_text(errors="replace") for p in tracked
+             if (p.suffix in TEXT or p.name == "Makefile") and p.stat().st_size < 5_000_000 and p not in skip}
+    uncited = []
+    for f in (p for p in tracked if p.is_relative_to(results)):
+        rel = f.relative_to(results).as_posix()
+        top = "/" not in rel
+        if not any(g != f and (rel in t or ((top or g.parent == f.parent) and f.name in t))
+                   for g, t in texts.items()):
+            uncited.append(rel)
+    assert not uncited, f"files in lectures/results/ that nothing cites (remove them, or cite them): {uncited}"

@@ -16,14 +16,14 @@ One program computes a BLOCK_M x BLOCK_N tile of C:
 Block shapes, warps and pipeline stages are autotuned per (power-of-two bucket of M, N, K,
 dtype, epilogue, layout): tuned on the first M of a bucket, reused for the rest; tiny weights
 (fewer than TINY_WEIGHT elements) get one fixed config instead. Two layouts get their own path,
-each measured in lectures/results/experiments/a06_try.md:
+each measured in EXPERIMENTS.md (a06_try):
   * rows not on 16-byte boundaries (an odd K or N in 16-bit): Triton cannot pipeline those loads
     through shared memory, so the kernel prefetches the next K slice into registers (PREFETCH);
   * fp32 with TF32 and b N-major: TF32 wgmma wants b K-major, so the launch computes
     C^T = B^T A^T instead, with b in wgmma's register operand (SWAP_AB).
 Under the Triton interpreter (CPU, ``import common``) a single small config is used.
 
-Bench: ``python -m assignments.a06_matmul.bench`` (H100 numbers in lectures/results/a06_matmul.md).
+Bench: ``python -m common.bench a06`` (H100 numbers in lectures/results/a06_matmul.md).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ _SQUARE = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (25
            (128, 64, 64, 4, 4), (64, 64, 64, 4, 4)]
 #: 16-bit, K >= LONG_K (GPT-2's MLP down-projection, K = 4 d_model): K slices of 128 halve the loop's
 #: trips where few output tiles run (H100: 0.64x -> 0.74x cuBLAS at [512, 3072] x [3072, 768],
-#: lectures/results/experiments/a06_try.md, variant bk128).
+#: EXPERIMENTS.md (a06_try), variant bk128).
 _LONG_K = [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3)]
 LONG_K = 2048
 #: Few rows (M <= 64: a decode step's B tokens): the GEMM is a weight read. Short, wide-K tiles give
@@ -321,7 +321,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     # fp32 with TF32 and b N-major (a row-major weight [K, N]): TF32 wgmma reads an operand in shared
     # memory K-major only, so b would be transposed by 4-byte copies (H100: 0.27x cuBLAS). Computing
     # C^T = B^T A^T instead puts b where wgmma's A goes (from registers, any layout) and a K-major
-    # a where its B goes: 0.85-0.98x (lectures/results/experiments/a06_try.md, tf32_swap). Timed at
+    # a where its B goes: 0.85-0.98x (EXPERIMENTS.md (a06_try), tf32_swap). Timed at
     # M >= 1793 only: few rows (M <= 64) keep the skinny configs, unswapped, as before.
     swap = tf32 and m > 64 and b.stride(1) == 1 and n > 1 and a2.stride(1) == 1 and k > 1
     x, y, z, mm, nn = (b.t(), a2.t(), c2.t(), n, m) if swap else (a2, b, c2, m, n)

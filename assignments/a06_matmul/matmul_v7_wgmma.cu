@@ -33,20 +33,21 @@
 //
 //     c = matmul(a, b, version=7)                 # from assignments.a06_matmul.matmul_cuda
 //     c = matmul(a, b, version=7, tile=(64, 128))  # one tile shape instead of pick_tile's
-#include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <stdint.h>
 
-// wgmma and setmaxnreg exist only in the sm_90a target; other targets get a stub kernel.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define A06_HAS_WGMMA 1
-#else
-#define A06_HAS_WGMMA 0
+// The Hopper PTX building blocks (mbarriers, TMA, wgmma fences, setmaxnreg, tensor maps), given
+// and shared with stage 7c: common/hopper.cuh. wgmma exists only in the sm_90a target; other
+// targets get a stub kernel.
+#include "hopper.cuh"
+#define A06_HAS_WGMMA HOPPER_HAS_WGMMA
+#ifdef A06_HANG_NS
+#error "the mbarrier watchdog's limit is HOPPER_HANG_NS (common/hopper.cuh)"
 #endif
 
 namespace a06v7 {
+using namespace hopper;
 
 constexpr int BK = 64;       // K slice: BK * 2 bytes = one 128-byte row, the swizzle's width
 constexpr int PANEL = 64;    // columns of B per TMA box (128 bytes)
@@ -74,75 +75,9 @@ using Tile128x128 = Tile<128, 128, 6>;   // 32 KB
 using Tile64x128 = Tile<64, 128, 8>;     // 24 KB
 using Tile64x64 = Tile<64, 64, 8>;       // 16 KB
 
-// ------------------------------------------------------------------ PTX wrappers (given)
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-// Arrive once and announce `bytes` of TMA traffic that must land before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done;
-}
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    return t;
-}
-// Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
-// barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
-// Watchdog: a wait that never ends (a wrong parity, a byte count TMA never delivers) traps
-// after A06_HANG_NS nanoseconds of the GPU's clock (default 10 s) instead of hanging the GPU:
-// the launch then fails with "unspecified launch failure". -DA06_HANG_NS=0 leaves it out.
-#ifndef A06_HANG_NS
-#define A06_HANG_NS 10000000000ull
-#endif
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    if (mbar_try_wait(bar, parity)) return;
-#if A06_HANG_NS
-    const uint64_t t0 = globaltimer_ns();
-#endif
-    while (!mbar_try_wait(bar, parity)) {
-#if A06_HANG_NS
-        if (globaltimer_ns() - t0 > (uint64_t)(A06_HANG_NS)) __trap();
-#endif
-    }
-}
-// TMA: copy the box at (x = innermost coordinate, y = row) of `map` into shared memory at
-// `dst`; completion is counted in bytes on `bar`. Outside the tensor the box is zero-filled.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-// wgmma shared-memory matrix descriptor: start address, leading/stride byte offsets (all
-// in 16-byte units), swizzle mode 1 = 128-byte swizzle (the layout TMA wrote).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
+// ------------------------------------------------------------------ wgmma instructions (given)
+// (the rest of the PTX wrappers: common/hopper.cuh)
 #if A06_HAS_WGMMA
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 
 // One m64n64k16 wgmma (16-bit inputs of type TY, fp32 accumulate): d += A(desc_a) * B(desc_b),
 // 32 accumulators per thread. A is K-major (row-major [M, K] tile); B is MN-major
@@ -309,24 +244,6 @@ matmul_v7_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant
 }
 
 // ------------------------------------------------------------------ host side (given)
-// cuTensorMapEncodeTiled is a driver API call; fetch it through the runtime so the
-// extension needs no -lcuda.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-inline EncodeTiled encode_tiled() {
-    static EncodeTiled fn = nullptr;
-    if (!fn) {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            fn = reinterpret_cast<EncodeTiled>(p);
-    }
-    return fn;
-}
-
 // A 2-D row-major tensor [rows, cols] seen in boxes of [box_rows, 64] elements, 128-byte swizzled.
 inline bool make_map(CUtensorMap* map, const void* ptr, CUtensorMapDataType dt, int rows, int cols, int box_rows) {
     EncodeTiled encode = encode_tiled();

@@ -48,15 +48,15 @@
 // last release: a consumer stuck anywhere still ends in a trap.
 //
 // Build and check without a GPU (what common.cuda_ext.compile_check runs):
-//   nvcc -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -c assignments/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
+//   nvcc -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -Icommon -c assignments/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
 // the kernel itself, as load_op builds it, with the register/spill report (must show no C7510
 // "wgmma serialized" line and no spills; tests/test_a07c_flash_hopper.py checks both):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -DA07C_SM90A -std=c++17 -O3 --expt-relaxed-constexpr -Xptxas -v \
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -DA07C_SM90A -std=c++17 -O3 --expt-relaxed-constexpr -Icommon -Xptxas -v \
 //        -c assignments/a07_flash_attention/flash_fwd_hopper.cu -o /dev/null
 // (168 registers at launch, 0 spills, for d = 64/128, causal or not; the comparison builds:
 // -DA07C_NO_PINGPONG without the schedule, -DA07C_NO_OVERLAP without the intra-warpgroup overlap)
 // Run on an H100 (builds through common.cuda_ext.load_op, then tests, memcheck and benchmark):
-//   bash lectures/results/a07c_run.sh
+//   bash lectures/_tools/gpu/a07c_run.sh
 //   o, lse = flash_attention_hopper(q, k, v, causal=True)   # assignments.a07_flash_attention.flash_hopper
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
 #include <cuda_bf16.h>
@@ -68,14 +68,20 @@
 #include <climits>
 #include <cstdio>
 
-// wgmma and setmaxnreg exist only in the sm_90a target; other targets get a stub kernel.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define A07C_HAS_WGMMA 1
-#else
-#define A07C_HAS_WGMMA 0
+// The Hopper PTX building blocks (mbarriers, TMA, wgmma fences, setmaxnreg, tensor maps), given
+// and shared with stage 6's v7: common/hopper.cuh. wgmma exists only in the sm_90a target; other
+// targets get a stub kernel. -DA07C_DEBUG_HANG: the debug build (the watchdog prints the barrier).
+#ifdef A07C_DEBUG_HANG
+#define HOPPER_DEBUG_HANG
 #endif
+#ifdef A07C_HANG_NS
+#error "the mbarrier watchdog's limit is HOPPER_HANG_NS (common/hopper.cuh)"
+#endif
+#include "hopper.cuh"
+#define A07C_HAS_WGMMA HOPPER_HAS_WGMMA
 
 namespace a07c {
+using namespace hopper;
 
 constexpr int BM = 128;                       // query rows per CTA (64 per consumer warpgroup)
 constexpr int BN = 128;                       // keys per tile
@@ -98,66 +104,8 @@ struct Cfg {
 };
 
 // ------------------------------------------------------------------ PTX wrappers (given)
-// The same building blocks as matmul_v7_wgmma.cu (namespace a06v7), plus a 3-D TMA load,
-// the register-A wgmma and an operand fence.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-// Arrive once and announce `bytes` of TMA traffic that must land before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Wait until the barrier's phase with this parity (0, 1, 0, ...) has completed. A fresh
-// barrier is in phase 0, so waiting for parity 1 returns at once ("the previous phase").
-// Watchdog (never tripped on the H100 runs so far): a wait that never ends (a wrong parity, a byte count
-// TMA never delivers) traps after A07C_HANG_NS nanoseconds of the GPU's %globaltimer (default
-// 10 s) instead of hanging the GPU: the launch fails with "unspecified launch failure". It is
-// timed, not counted: try_wait suspends the thread for a system-dependent time that the PTX ISA
-// leaves unspecified, so a count of tries has no known duration. -DA07C_DEBUG_HANG also prints
-// which barrier (lane 0 of each stuck warp), but printf is a function call, and a call anywhere
-// in the kernel makes ptxas serialise every wgmma (C7510): debug builds only.
-// -DA07C_HANG_NS=0 leaves the watchdog out.
-#ifndef A07C_HANG_NS
-#define A07C_HANG_NS 10000000000ull
-#endif
-__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done;
-}
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    if (mbar_try_wait(bar, parity)) return;
-#if A07C_HANG_NS
-    const uint64_t t0 = globaltimer_ns();
-#endif
-    while (!mbar_try_wait(bar, parity)) {
-#if A07C_HANG_NS
-        if (globaltimer_ns() - t0 > (uint64_t)(A07C_HANG_NS)) {
-#ifdef A07C_DEBUG_HANG
-            if ((threadIdx.x & 31) == 0)
-                printf("a07c: mbarrier wait stuck: block (%d, %d) thread %d, barrier at smem 0x%x, parity %u\n",
-                       (int)blockIdx.x, (int)blockIdx.y, (int)threadIdx.x, bar, parity);
-#endif
-            __trap();
-        }
-#endif
-    }
-}
+// The building blocks are in common/hopper.cuh (shared with matmul v7); here what only this
+// kernel uses: the warp-wide wait, the register-A wgmma and an operand fence.
 // Consumers wait with all 32 lanes, then reconverge the warp: the wgmma's after the wait are
 // .sync.aligned (every lane of every warp of the warpgroup, converged). Never from one lane.
 // Without the watchdog: a trap anywhere in the consumers' code keeps ptxas from giving them the
@@ -173,24 +121,10 @@ __device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
 #endif
     __syncwarp();
 }
-// TMA: copy the box at (x = column, y = row, z = batch*head) of the 3-D `map` into shared
-// memory at `dst`, counted in bytes on `bar`. Rows past S (of this head) are zero-filled,
-// and the full box's bytes are still counted.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
-}
-// wgmma shared-memory matrix descriptor: start address, leading/stride byte offsets (all
-// in 16-byte units), swizzle mode 1 = 128-byte swizzle (the layout TMA wrote).
-__host__ __device__ constexpr uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
 // The shared-memory plan, from the 1024-byte aligned base: Q | K ring | V ring, each tile as
 // PANELS boxes of [rows][64 columns] (16 KB each) side by side; and the wgmma descriptors of
-// each k16 step. The kernel uses these, and so does the CPU check of the plan (experiments/
-// a07c_host_check.cu + a07c_layout_emu.py: TMA boxes, 128-byte swizzle and descriptors
+// each k16 step. The kernel uses these, and so does the CPU check of the plan (tests/a07c/
+// host_check.cu + layout_emu.py: TMA boxes, 128-byte swizzle and descriptors
 // emulated byte by byte, expect-tx counts against the tensor maps' boxes).
 template <int D>
 struct Plan {
@@ -250,24 +184,16 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
 __device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 #ifdef A07C_NO_PINGPONG
-constexpr bool PINGPONG = false;   // the build without the schedule (flash_hopper.py: A07C_NO_PINGPONG=1)
+constexpr bool PINGPONG = false;   // the build without the schedule (COURSE_CUDA_DEFINES=A07C_NO_PINGPONG)
 #else
 constexpr bool PINGPONG = true;
 #endif
 #ifdef A07C_NO_OVERLAP
-constexpr bool OVERLAP = false;    // the build without it (flash_hopper.py: A07C_NO_OVERLAP=1)
+constexpr bool OVERLAP = false;    // the build without it (COURSE_CUDA_DEFINES=A07C_NO_OVERLAP)
 #else
 constexpr bool OVERLAP = true;     // softmax of tile j under the same warpgroup's P_{j-1} V_{j-1}
 #endif
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 
 // Immediates after the operands: scale-d, scale-a, scale-b, [tnsp-a,] tnsp-b. S = Q K^T has
 // both operands K-major (tnsp 0, 0); O += P V reads V MN-major (tnsp-b = 1), as matmul v7's B.
@@ -429,24 +355,6 @@ attention_fwd_hopper(const __grid_constant__ CUtensorMap map_q, const __grid_con
 }
 
 // ------------------------------------------------------------------ host side (given)
-// cuTensorMapEncodeTiled is a driver API call; fetch it through the runtime so the
-// extension needs no -lcuda.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-inline EncodeTiled encode_tiled() {
-    static EncodeTiled fn = nullptr;
-    if (!fn) {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            fn = reinterpret_cast<EncodeTiled>(p);
-    }
-    return fn;
-}
-
 // A contiguous bf16 [BH, S, D] tensor seen in boxes of [box_rows, 64] elements of one (b, h),
 // 128-byte swizzled. Dim 1 (S) bounds the box: rows >= S are zero-filled, never the next head's.
 inline bool make_map(CUtensorMap* map, const void* ptr, int BH, int S, int D, int box_rows) {

@@ -59,6 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 
 from common import DEVICE, TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES
@@ -245,7 +246,7 @@ class GPT2Engine:
         for i, layer in enumerate(self.layers):
             qkv = self.linear(y, layer.attn_w, layer.attn_b)          # [B, T, 3C]
             write_kv(qkv, cache.k[i, :b], cache.v[i, :b], zeros)
-            q, k, v = qkv.view(b, t, 3, h, d).permute(2, 0, 3, 1, 4)  # each [B, H, T, d], strided views
+            q, k, v = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=h)  # strided views
             att, _ = attention_forward(q, k, v, True, allow_tf32=self._tf32)
             att = self.linear(att.transpose(1, 2).reshape(b, t, c), layer.proj_w, layer.proj_b)
             hid, y = add_layernorm(att, hid, layer.ln_2_w, layer.ln_2_b, self.eps)

@@ -40,7 +40,7 @@ host sync, nothing that depends on values, so a decode step that calls it can be
 CUDA graph. Programmatic dependent launch (``pdl=True``, sm_90+): see :data:`PDL_NOTES`.
 
 Run: ``pytest tests/test_a08_gpt2_inference.py -k gemv``; bandwidth on a GPU:
-``python -m assignments.a08_gpt2_inference.bench --gemv``.
+``python -m common.bench a08 --gemv``.
 """
 from __future__ import annotations
 

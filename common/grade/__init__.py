@@ -7,20 +7,10 @@
 
 Every stage runs in its own processes with time limits, so a submission that raises, hangs or
 crashes fails that stage only, and the references and verdicts live in a process that never
-imports the submission. A stage's grade has two parts:
-
-* correctness (10 points): the stage's pytest file (5 points, by the fraction of
-  tests passed) and the grader's own trials (5 points: fresh random inputs with shapes
-  drawn now, references and tolerances computed by the judge, forbidden PyTorch ops and
-  kernels, unwritten and shared outputs checked). Calling the PyTorch op where a kernel was
-  asked for, or patching torch or the harness, zeroes the stage.
-* performance (5 points, GPU only): speed against the PyTorch baseline, full points at
-  the stage's target ratio (a stage timed at several shapes: the geometric mean of the
-  per-shape speedups), every timed call on fresh inputs with its output checked; also
-  reported: time, speedup, roofline fraction (from the stage's bytes and FLOPs and ceilings
-  measured on this GPU), kernels and host transfers per call. On a machine without a GPU the
-  report says "needs a GPU": no numbers are made up, and the maximum score counts
-  correctness only.
+imports the submission. A stage's grade: correctness from the stage's tests and the grader's
+own trials, and on a GPU speed against the PyTorch baseline; the rules are
+:data:`common.grade.score.SCORING` (``--help`` prints them). On a machine without a GPU the report
+says "needs a GPU": no numbers are made up.
 
 The package, one concern a module:
 

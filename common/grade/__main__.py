@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -16,11 +15,10 @@ from .score import SCORING
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.impl import ENV_VAR as impl_env_var
+    from common.impl import add_impl_argument
     ap = argparse.ArgumentParser(prog="python -m common.grade", description=_package.__doc__.split("\n\n")[0],
                                  epilog=SCORING, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impl", default=os.environ.get(impl_env_var, "assignments"),
-                    help="assignments (default), solutions, or a folder laid out like assignments/")
+    add_impl_argument(ap)
     ap.add_argument("--stages", help="comma-separated stage keys, e.g. a01,a05 (default: all)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per stage (tests, then trials+timing)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")

@@ -1,7 +1,7 @@
 """The grade's renderings: the table, the JSON report, Gradescope's results.json, the plots.
 
 :class:`StageResult` is one stage's row; its fields are the keys of each stage in the JSON
-report (``--json``, ``--json-out``; committed examples in ``lectures/results/grader/``).
+report (``--json``, ``--json-out``; committed examples: ``lectures/results/grader/README.md``).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How a stage is scored: pure functions of what the tests and the trials found, no I/O.
 
-The rules are printed by ``python -m common.grade --help`` (:data:`SCORING`) and written out
-in the README's "How you are scored".
+The rules are written once, in :data:`SCORING`: ``python -m common.grade --help`` prints it, and
+the README and the grader's docs point here.
 """
 from __future__ import annotations
 

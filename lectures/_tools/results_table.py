@@ -1,4 +1,4 @@
-"""The README's "Results at a glance" table, computed from the committed H100 results.
+"""The README's results table ("Results of the reference solutions"), computed from the committed H100 results.
 
     python lectures/_tools/results_table.py            # print the table
     python lectures/_tools/results_table.py --write    # replace the table in README.md

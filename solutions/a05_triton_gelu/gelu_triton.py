@@ -17,7 +17,7 @@ x / inf = -0, the right limit; there is no cancellation in 1 + tanh(u).
 
 Registered with ``torch.library.custom_op`` plus a fake implementation, so the op is
 one opaque node for ``torch.compile`` (no graph break). Run:
-``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m solutions.a05_triton_gelu.bench``.
+``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m common.bench a05``.
 """
 from __future__ import annotations
 

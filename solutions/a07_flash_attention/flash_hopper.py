@@ -5,14 +5,13 @@ and warp-specialised producer/consumer warpgroups (FlashAttention-3's design). G
     from solutions.a07_flash_attention.flash_hopper import flash_attention_hopper
     o, lse = flash_attention_hopper(q, k, v, causal=True)   # q, k, v [B, H, S, d] bf16 on an H100
 
-    bash lectures/results/a07c_run.sh          # H100: build, tests, memcheck, TFLOP/s vs SDPA
+    bash lectures/_tools/gpu/a07c_run.sh          # H100: build, tests, memcheck, TFLOP/s vs SDPA
 
 The extension is built on the first call (about a minute; sm_90a target), never at import, and
 cached (common.cuda_ext.load_op). Forward only: no autograd (the backward is stage 7b's).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -43,18 +42,11 @@ def _require_hopper(device: torch.device) -> None:
 
 def _op():
     # sm_90a: the target with wgmma and setmaxnreg (an -arch flag here replaces torch's own).
-    # A07C_DEBUG_HANG=1 in the environment builds the variant whose mbarrier watchdog prints the
-    # stuck barrier before it traps (printf: its wgmma's are serialised, so for debugging only;
-    # a separate build, and one process loads one of the two: both register the same op).
+    # COURSE_CUDA_DEFINES=A07C_DEBUG_HANG in the environment builds the variant whose mbarrier
+    # watchdog prints the stuck barrier before it traps (printf: its wgmma's are serialised, so for
+    # debugging only; a separate build, and one process loads one: both register the same op).
     flags = ["-gencode=arch=compute_90a,code=sm_90a", "-DA07C_SM90A"]
-    name = "a07c_flash_hopper"
-    # VAR=1 in the environment -> the build with -DVAR: the debug watchdog above, and the builds
-    # lectures/results/a07c_run.sh times beside the default (the schedule's before/after).
-    for var, suffix in (("A07C_DEBUG_HANG", "_debug"), ("A07C_NO_PINGPONG", "_nopp"), ("A07C_NO_OVERLAP", "_nooverlap")):
-        if os.environ.get(var) == "1":
-            flags.append(f"-D{var}")
-            name += suffix
-    load_op(name, SOURCES, namespace=NAMESPACE, extra_cuda_cflags=flags)
+    load_op("a07c_flash_hopper", SOURCES, namespace=NAMESPACE, extra_cuda_cflags=flags)
     return getattr(torch.ops, NAMESPACE).attention_fwd_hopper
 
 

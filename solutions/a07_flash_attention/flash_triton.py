@@ -21,7 +21,7 @@ extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministi
 writes. See the handout (README.md) for the arithmetic.
 
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
-    python -m solutions.a07_flash_attention.bench                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
+    python -m common.bench a07                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100 (`bench.py --sweep`),
 and for 16-bit d = 128 a choice per length (HALF_D128, from the real-shape sweep); on a GPU with
@@ -344,7 +344,7 @@ else:
                "dq": {64: _cfg(128, 64, 8, 3), 128: _cfg(128, 64, 8, 3)}}
 #: 16-bit inputs at d = 128 on the GPU, before the table: (longest N_Q or None for any, config), the
 #: first that fits the call wins. From the real-shape sweep's losing shapes (H100, each kernel timed
-#: alone over a config grid: lectures/results/experiments/a07_shapes_try.md): dK/dV in 64x64 tiles,
+#: alone over a config grid: EXPERIMENTS.md, a07_shapes_try): dK/dV in 64x64 tiles,
 #: 4 warps, 2 stages at every length (the table's 64x128 sits at 255 registers and spills when
 #: causal; the backward up to 11 % faster at S <= 1537, unchanged beyond the runs' spread above);
 #: the forward in 64x64 tiles, 4 warps, 3 stages up to 1024 queries (more, smaller programs: S = 512
