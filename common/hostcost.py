@@ -49,7 +49,7 @@ from .impl import Impl, add_impl_argument, command_line, results_dir
 #: The issue's floors: a course op may cost 1.5x the PyTorch op it replaces, or 1.5x a bare Triton
 #: launch per kernel it launches, whichever is larger; a training step at least 0.8x SDPA's speed.
 OP_FACTOR, LAUNCH_FACTOR, TRAINING_FLOOR = 1.5, 1.5, 0.8
-FIELDS = ["kind", "stage", "case", "kernels", "course_us", "torch_us", "bare_us", "ratio", "floor_us", "met",
+FIELDS = ["kind", "key", "stage", "case", "kernels", "course_us", "torch_us", "bare_us", "ratio", "floor_us", "met",
           "course_host_us", "torch_host_us", "course_gpu_us", "torch_gpu_us", "clock"]
 
 
@@ -324,8 +324,8 @@ def floor_us(torch_us: float, bare_us: float, kernels: int) -> float:
     return max(OP_FACTOR * torch_us, LAUNCH_FACTOR * bare_us * kernels)
 
 
-def _row(kind, stage, case, kernels, course, torch_, bare, floor, met, ch, th, cg, tg, clock) -> dict:
-    return dict(kind=kind, stage=stage, case=case, kernels=kernels, course_us=course, torch_us=torch_, bare_us=bare,
+def _row(kind, stage, case, kernels, course, torch_, bare, floor, met, ch, th, cg, tg, clock, key="") -> dict:
+    return dict(kind=kind, key=key, stage=stage, case=case, kernels=kernels, course_us=course, torch_us=torch_, bare_us=bare,
                 ratio=course / torch_ if torch_ else float("nan"), floor_us=floor, met=met, course_host_us=ch,
                 torch_host_us=th, course_gpu_us=cg, torch_gpu_us=tg, clock=clock)
 
@@ -341,7 +341,7 @@ def run_cases(impl: Impl, keys: list[str] | None = None, *, stub: bool = False, 
         bare = eager_us(lambda: bare_launch(bx))
         tbare = eager_us(lambda: bx.add_(0))
         rows.append(_row("op", "-", "bare Triton launch (1-line kernel) vs x.add_(0)", 1, bare, tbare, bare,
-                         float("nan"), "", *[float("nan")] * 4, clock))
+                         float("nan"), "", *[float("nan")] * 4, clock, key="bare"))
         if not stub:
             h1, g1 = host_and_gpu_us(lambda: bare_launch(bx))
             h2, g2 = host_and_gpu_us(lambda: bx.add_(0))
@@ -365,11 +365,11 @@ def run_cases(impl: Impl, keys: list[str] | None = None, *, stub: bool = False, 
             except Exception as e:  # noqa: BLE001 - one case that fails is reported, the others still run
                 log(f"[hostcost] {case.key}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
                 rows.append(_row("op", case.stage, case.what, case.kernels, float("nan"), float("nan"), bare,
-                                 float("nan"), "failed", *[float("nan")] * 4, clock))
+                                 float("nan"), "failed", *[float("nan")] * 4, clock, key=case.key))
                 continue
             fl = floor_us(t, bare, case.kernels)
             met = "" if stub else ("yes" if c <= fl else "no")
-            rows.append(_row("op", case.stage, case.what, case.kernels, c, t, bare, fl, met, *hg, clock))
+            rows.append(_row("op", case.stage, case.what, case.kernels, c, t, bare, fl, met, *hg, clock, key=case.key))
             log(f"[hostcost] {case.key}: {c:.1f} us vs {t:.1f} us ({c / t:.2f}x), floor {fl:.1f} us {met}")
     return rows
 
@@ -396,7 +396,8 @@ def run_training(impl: Impl, log=print) -> list[dict]:
         met = ("yes" if speed >= TRAINING_FLOOR else "no") if in_range else ""
         rows.append(_row("training", "a07", f"GPT-2 {model} training step, attention fwd+bwd: B {b}, H {h}, S {s}, "
                                             f"d 64, causal, bf16", 4, c, t, float("nan"),
-                         TRAINING_FLOOR if in_range else float("nan"), met, ch, th, cg, tg, "cuda"))
+                         TRAINING_FLOOR if in_range else float("nan"), met, ch, th, cg, tg, "cuda",
+                         key=f"training_{model}_B{b}_S{s}"))
         rows[-1]["ratio"] = speed
         log(f"[hostcost] training {model} B={b} H={h} S={s}: {c / 1e3:.3f} ms vs SDPA {t / 1e3:.3f} ms = {speed:.2f}x "
             f"(GPU alone {tg / cg:.2f}x; host {ch:.0f} vs {th:.0f} us) {met}")
