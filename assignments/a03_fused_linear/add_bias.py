@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from common.checks import check_same, check_tensor
+from common.launch import cdiv, next_power_of_2
 
 
 @triton.jit

@@ -44,6 +44,7 @@ from triton.runtime.errors import OutOfResources
 
 from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.launch import cdiv
 from common.timing import compile_together
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -283,6 +284,35 @@ def _new(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+def _meta(*tensors: torch.Tensor) -> tuple:
+    """What a launch plan depends on: each tensor's shape, strides, dtype and device."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+
+
+#: Launch plans per key (the inputs' metadata and the call's options), made on a call's first use of a key
+#: (the checks, the configs, the grids, the integer arguments) and looked up after that: an eager call
+#: pays a dict lookup for them (lecture 3, "Host overhead"). Only under the default launch options.
+_FWD_PLANS: dict[tuple, tuple] = {}
+_BWD_PLANS: dict[tuple, tuple] = {}
+_DEFAULT = _options[0]
+
+
+def _forward_plan(q, k, v, is_causal: bool, allow_tf32: bool) -> tuple:
+    check_inputs(q, k, v)
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    Z, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    o4 = _as4d(torch.empty(q.shape, dtype=q.dtype, device="meta"))   # the layout of the output
+    kernel, cfg, fallback = _kernel(_attn_fwd, "fwd", d, nq, q.dtype)
+    grid = lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H)  # noqa: E731
+    if q.dtype == torch.float32 and not allow_tf32 and not TRITON_INTERPRET:
+        # A compile option: with TF32 not allowed, tl.dot's default precision for fp32 is IEEE
+        # (and the option is part of the compiled kernel's cache key). The interpreter is IEEE anyway.
+        cfg["allowed_dot_input_precisions"] = ("ieee",)
+    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(), H, nq, nk, LOG2E / math.sqrt(d))
+    return kernel, grid, ints, dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg), fallback
+
+
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       is_causal: bool, *, allow_tf32: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [..., Nq, d] in q's dtype, L [..., Nq] fp32) with kernel 1.
@@ -291,52 +321,66 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     default for an fp32 ``tl.dot`` on a GPU is TF32, ~3e-4 relative): stage 8 uses it to
     match transformers' fp32 GPT-2 token for token. No effect on 16-bit inputs.
     """
-    check_inputs(q, k, v)
-    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
-    Z, H, nq, d = q4.shape
-    nk = k4.shape[2]
+    if _options[-1] is _DEFAULT and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) \
+            and isinstance(v, torch.Tensor):
+        key = (*_meta(q, k, v), bool(is_causal), allow_tf32)
+        plan = _FWD_PLANS.get(key)
+        if plan is None:
+            plan = _FWD_PLANS[key] = _forward_plan(q, k, v, is_causal, allow_tf32)
+    else:
+        plan = _forward_plan(q, k, v, is_causal, allow_tf32)
+    kernel, grid, ints, kwargs, fallback = plan
     o = _new(q.shape, q)
     lse = _new(q.shape[:-1], q, torch.float32)
-    o4 = _as4d(o)
-    kernel, cfg, fallback = _kernel(_attn_fwd, "fwd", d, nq, q.dtype)
-    grid = lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H)
-    if q.dtype == torch.float32 and not allow_tf32 and not TRITON_INTERPRET:
-        # A compile option: with TF32 not allowed, tl.dot's default precision for fp32 is IEEE
-        # (and the option is part of the compiled kernel's cache key). The interpreter is IEEE anyway.
-        cfg["allowed_dot_input_precisions"] = ("ieee",)
-    _launch(kernel, grid, (q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
-                           H, nq, nk, LOG2E / math.sqrt(d)), dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg), fallback)
+    _launch(kernel, grid, (_as4d(q), _as4d(k), _as4d(v), _as4d(o), lse, *ints), kwargs, fallback)
     return o, lse
+
+
+def _backward_plan(q, k, v, o, do, is_causal: bool) -> tuple:
+    q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
+    Z, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    sm_scale = 1.0 / math.sqrt(d)
+    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
+    (dkdv, dkdv_cfg, dkdv_fallback), (dq_kernel, dq_cfg, dq_fallback) = (
+        _kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype), _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
+    # (kernel, grid, integer arguments, kwargs, may fall back): delta, dK/dV, dQ
+    return ((_attn_bwd_delta, (cdiv(nq, 64), Z * H), (*o4.stride(), *do4.stride(), H, nq),
+             dict(HEAD_DIM=d, BLOCK_M=64), False),
+            (dkdv, lambda meta: (cdiv(nk, meta["BLOCK_N"]), Z * H), ints,
+             dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dkdv_cfg), dkdv_fallback),
+            (dq_kernel, lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H), ints,
+             dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg), dq_fallback))
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                        do: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) with kernels 2, 3 and 4, from the saved O and L."""
+    key = (*_meta(q, k, v, o, do), bool(is_causal))
+    plan = _BWD_PLANS.get(key) if _options[-1] is _DEFAULT else None
+    fresh = plan is None
+    if fresh:
+        plan = _backward_plan(q, k, v, o, do, is_causal)
+        if _options[-1] is _DEFAULT:
+            _BWD_PLANS[key] = plan
     q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
-    Z, H, nq, d = q4.shape
-    nk = k4.shape[2]
     delta = _new(q.shape[:-1], q, torch.float32)
     dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
-    sm_scale = 1.0 / math.sqrt(d)
-    args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
-    (dkdv, dkdv_cfg, dkdv_fallback), (dq_kernel, dq_cfg, dq_fallback) = (
-        _kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype), _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
-    launches = [
-        (_attn_bwd_delta, (triton.cdiv(nq, 64), Z * H), (o4, do4, delta, *o4.stride(), *do4.stride(), H, nq),
-         dict(HEAD_DIM=d, BLOCK_M=64)),
-        (dkdv, lambda meta: (triton.cdiv(nk, meta["BLOCK_N"]), Z * H), (q4, k4, v4, do4, lse, delta, dk, dv, *args),
-         dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dkdv_cfg)),
-        (dq_kernel, lambda meta: (triton.cdiv(nq, meta["BLOCK_M"]), Z * H), (q4, k4, v4, do4, lse, delta, dq, *args),
-         dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg)),
-    ]
+    (delta_k, delta_grid, delta_ints, delta_kw, _), (dkdv, dkdv_grid, ints, dkdv_kw, dkdv_fb), \
+        (dq_k, dq_grid, _, dq_kw, dq_fb) = plan
+    launches = [(delta_k, delta_grid, (o4, do4, delta, *delta_ints), delta_kw),
+                (dkdv, dkdv_grid, (q4, k4, v4, do4, lse, delta, dk, dv, *ints), dkdv_kw),
+                (dq_k, dq_grid, (q4, k4, v4, do4, lse, delta, dq, *ints), dq_kw)]
     # The first backward of a kind compiles its three kernels side by side (a second or more each on
     # a Hopper); the key is coarse: a kind it misses compiles one kernel after another, as without it.
-    kind = (q.dtype, d, bool(is_causal), str(_options[-1]), nq % 16, nk % 16,
-            tuple(st % 16 for t in (q4, k4, v4, o4, do4) for st in t.stride()))
-    if kind not in _compiled_backward and not _options[-1].tune:
-        _compiled_backward.add(kind)
-        compile_together(launches)
-    for (kernel, grid, kernel_args, kwargs), fallback in zip(launches, (False, dkdv_fallback, dq_fallback)):
+    # (Asked once per plan: a known plan was compiled by its first call.)
+    if fresh and not _options[-1].tune:
+        kind = (q.dtype, q4.shape[-1], bool(is_causal), str(_options[-1]), q4.shape[2] % 16, k4.shape[2] % 16,
+                tuple(st % 16 for t in (q4, k4, v4, o4, do4) for st in t.stride()))
+        if kind not in _compiled_backward:
+            _compiled_backward.add(kind)
+            compile_together(launches)
+    for (kernel, grid, kernel_args, kwargs), fallback in zip(launches, (False, dkdv_fb, dq_fb)):
         _launch(kernel, grid, kernel_args, kwargs, fallback)
     return dq, dk, dv
 

@@ -26,6 +26,7 @@ Run: ``pytest tests/test_a08_gpt2_inference.py -k decode_attention``.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,6 +35,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.launch import cdiv, next_power_of_2
 
 LOG2E = 1.4426950408889634
 
@@ -99,12 +101,14 @@ def split_warps(head_dim: int) -> int:
 def num_splits(batch_heads: int, max_seq_len: int, *, block_n: int = BLOCK_N) -> int:
     """How many programs share one (sequence, head): enough to give every SM ~4 programs,
     never a slice shorter than one BLOCK_N chunk. Depends on shapes only (graph-safe)."""
-    if TRITON_INTERPRET:
-        sms = 4
-    else:
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    want = triton.cdiv(4 * sms, max(batch_heads, 1))
-    return int(max(1, min(want, triton.cdiv(max_seq_len, block_n), 64)))
+    return _num_splits(batch_heads, max_seq_len, block_n, None if TRITON_INTERPRET else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=4096)   # shapes only: decided once per key, looked up after that
+def _num_splits(batch_heads: int, max_seq_len: int, block_n: int, device: int | None) -> int:
+    sms = 4 if device is None else torch.cuda.get_device_properties(device).multi_processor_count
+    want = cdiv(4 * sms, max(batch_heads, 1))
+    return int(max(1, min(want, cdiv(max_seq_len, block_n), 64)))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, *,
@@ -167,6 +171,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               USE_PDL=use_pdl, num_warps=split_warps(d), **launch)
     if n > 1:
         _decode_combine[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
-                                  NUM_SPLITS=n, SPLITS_P2=triton.next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
+                                  NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
                                   num_warps=1, **launch)
     return out

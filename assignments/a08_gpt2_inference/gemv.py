@@ -52,6 +52,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import check_same, check_tensor
+from common.launch import cdiv, next_power_of_2
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
 
@@ -186,7 +187,7 @@ def use_dot(m: int) -> bool:
 
 def block_m(m: int, dot: bool) -> int:
     """BLOCK_M for M rows: 16 with tl.dot (its smallest M), else the next power of 2 of M."""
-    return 16 if dot else triton.next_power_of_2(max(m, 1))
+    return 16 if dot else next_power_of_2(max(m, 1))
 
 
 #: Programs per SM :func:`choose_config` aims at: several slabs of W in flight on every SM.
@@ -201,6 +202,7 @@ WORKSPACE_SHARE = 0.25
 MIN_SLICES = 1
 
 
+@functools.lru_cache(maxsize=4096)   # a rule of its arguments: decided once per key, looked up after that
 def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool, sms: int, *,
                   interpreter: bool = TRITON_INTERPRET) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for M rows of x, W [K, N] of ``dtype``
@@ -222,7 +224,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
       than WORKSPACE_SHARE of the weight's bytes. Correct, but about half cuBLAS's speed at M = 1.
     Under the interpreter: a few wide programs (each costs milliseconds of Python).
     """
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     vec = 16 // size                                   # elements per 16-byte load
     bm = block_m(m, use_dot(m))
     want_programs = PROGRAMS_PER_SM * sms
@@ -233,18 +235,18 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
         want_programs = sms                            # split K only where the columns give < 1 program an SM
         if use_dot(m):                                 # tl.dot, BLOCK_M = 16, pipelined 4 deep
             warps, stages, bn, bk = 4, 4, 32, (128 if size == 2 else 64)
-            if triton.cdiv(n, bn) < sms:               # few columns: split a long K (at most 4 ways),
+            if cdiv(n, bn) < sms:               # few columns: split a long K (at most 4 ways),
                 if k >= 32 * bk:                       # else narrower programs over longer slices
-                    want_programs = min(4, triton.cdiv(2 * sms, triton.cdiv(n, bn))) * triton.cdiv(n, bn)
+                    want_programs = min(4, cdiv(2 * sms, cdiv(n, bn))) * cdiv(n, bn)
                 else:
                     bn, bk = 16, 2 * bk
         else:                                          # FMAs: 8 warps, 4 or 8 columns a program
             warps, stages = 8, 1
-            bn = 8 if triton.cdiv(n, 8) >= PROGRAMS_PER_SM * sms else 4
+            bn = 8 if cdiv(n, 8) >= PROGRAMS_PER_SM * sms else 4
     elif use_dot(m):                                   # tl.dot, BLOCK_M = 16
         warps, stages = 4, 3
         bn, bk = 64, (128 if size == 2 else 64)
-        if triton.cdiv(n, bn) < 2 * sms:               # narrower tiles before more splits (less workspace)
+        if cdiv(n, bn) < 2 * sms:               # narrower tiles before more splits (less workspace)
             bn = 32
     else:                                              # FMAs: ACCUMULATORS per thread, 8 warps
         warps, stages = 8, 1
@@ -257,21 +259,21 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
             bk = max(per_program // bn, 1)
     if interpreter:                                    # few, wide programs; split K at most 2 ways
         bn, bk = (64, 32) if use_dot(m) else (256, 64)
-    n_blocks = triton.cdiv(n, bn)
-    k_slices = max(triton.cdiv(k, bk), 1)
-    want = 2 if interpreter else triton.cdiv(want_programs, n_blocks)
+    n_blocks = cdiv(n, bn)
+    k_slices = max(cdiv(k, bk), 1)
+    want = 2 if interpreter else cdiv(want_programs, n_blocks)
     by_ws = int(WORKSPACE_SHARE * k * size / (8 * max(m, 1)))      # 2 passes of 4-byte partials
     splits = max(1, min(want, k_slices // MIN_SLICES, by_ws, 128))
     # whole slices per split, and no empty split
-    per = triton.cdiv(k_slices, splits)
-    splits = triton.cdiv(k_slices, per)
+    per = cdiv(k_slices, splits)
+    splits = cdiv(k_slices, per)
     return bn, bk, splits, warps, stages
 
 
 def combine_chunk(splits: int, bm: int, bn: int, warps: int) -> int:
     """How many split-K partial sums the last program loads at once (a power of 2): all of them up to
     32 fp32 values a thread (their loads in flight together: one L2 round trip, not SPLIT_K of them)."""
-    return max(1, min(triton.next_power_of_2(splits), 32 * 32 * warps // (bm * bn)))
+    return max(1, min(next_power_of_2(splits), 32 * 32 * warps // (bm * bn)))
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -354,8 +356,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
         raise ValueError(f"config: BLOCK_N={bn} and BLOCK_K={bk} must be powers of 2 (>= 16 with tl.dot)")
     if splits < 1:
         raise ValueError(f"config: SPLIT_K={splits}; expected >= 1")
-    per = triton.cdiv(triton.cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
-    n_blocks = triton.cdiv(n, bn)
+    per = cdiv(cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
+    n_blocks = cdiv(n, bn)
     if splits > 1:
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
         count = _counters(x.device, n_blocks)

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from common import pdl_supported
 from common.checks import check_same, check_tensor
+from common.launch import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -76,7 +77,7 @@ def _launch(x, residual, weight, bias, eps, out, h_out, pdl=False):
         check_same(x, residual, "x, residual")
         if residual.shape != x.shape:
             raise ValueError(f"residual: expected x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
-    block = triton.next_power_of_2(max(c, 1))
+    block = next_power_of_2(max(c, 1))
     if block > 8192:
         raise ValueError(f"x: rows of {c} elements; this kernel holds a row in one block (at most 8192)")
 

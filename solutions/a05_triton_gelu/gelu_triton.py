@@ -16,7 +16,8 @@ kernel stays memory-bound. For very negative x, exp(-2u) overflows to inf and
 x / inf = -0, the right limit; there is no cancellation in 1 + tanh(u).
 
 Registered with ``torch.library.custom_op`` plus a fake implementation, so the op is
-one opaque node for ``torch.compile`` (no graph break). Run:
+one opaque node for ``torch.compile`` (no graph break); an eager call on a plain tensor skips
+the dispatcher and runs the op's body (``gelu``). Run:
 ``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m common.bench a05``.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ import triton.language as tl
 from common import TRITON_INTERPRET
 from common.checks import check_tensor
 from common.impl import op_namespace
+from common.launch import cdiv, plain_eager
 from common.timing import autotune_bench, precompile
 
 NS = op_namespace(__name__)
@@ -78,17 +80,32 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------ given code
-@torch.library.custom_op(f"{NS}::triton_gelu", mutates_args=())
-def triton_gelu(x: torch.Tensor) -> torch.Tensor:
-    """The registered op: contiguous copy of a strided x, one kernel launch, new output."""
+#: The autotuner's pick per (n, dtype), once it has tuned that n: later calls launch the kernel with
+#: it directly (a dict lookup instead of the autotuner's per-call key building and precompile check).
+_BEST: dict[tuple[int, torch.dtype], triton.Config] = {}
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    """The op's body: contiguous copy of a strided x, one kernel launch, new output."""
     x = x.contiguous()
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n = x.numel()
     if n > 0:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
-        precompile(gelu_kernel, grid, x, y, n)  # a new n: the configs compiled in parallel threads
-        gelu_kernel[grid](x, y, n)
+        best = _BEST.get((n, x.dtype))
+        if best is None:   # a new size: tune it (its configs compiled in parallel threads), remember the pick
+            grid = lambda meta: (cdiv(n, meta["BLOCK"]),)  # noqa: E731
+            precompile(gelu_kernel, grid, x, y, n)
+            gelu_kernel[grid](x, y, n)
+            _BEST[(n, x.dtype)] = gelu_kernel.best_config
+        else:
+            gelu_kernel.fn[(cdiv(n, best.kwargs["BLOCK"]),)](x, y, n, **best.all_kwargs())
     return y
+
+
+@torch.library.custom_op(f"{NS}::triton_gelu", mutates_args=())
+def triton_gelu(x: torch.Tensor) -> torch.Tensor:
+    """The registered op (what torch.compile, fake tensors and traces see): runs :func:`_gelu`."""
+    return _gelu(x)
 
 
 @triton_gelu.register_fake
@@ -102,6 +119,12 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
     x: float32/float16/bfloat16 on the kernel device (CUDA; CPU under the interpreter),
     any shape; computed in fp32. Returns a new contiguous tensor. Raises ValueError
     (wrong device) / TypeError (other dtypes).
+
+    An eager call with a plain tensor runs the op's body directly: the custom-op dispatch
+    costs several times the launch itself (lecture 3, "Host overhead"). Anything else (torch.compile
+    tracing, fake tensors, a dispatch trace, an input that needs a gradient) goes through the op.
     """
     check_tensor(x, "x")
+    if plain_eager(x):
+        return _gelu(x)
     return triton_gelu(x)

@@ -28,6 +28,7 @@ Bench: ``python -m common.bench a06`` (H100 numbers in lectures/results/a06_matm
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -35,6 +36,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, gpu
 from common.checks import check_same, check_tensor
+from common.launch import cdiv
 from common.timing import autotune_bench, precompile
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -349,6 +351,51 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     """
     check_tensor(a, "a", min_ndim=1)
     check_tensor(b, "b", ndim=2)
+    # Everything below up to the launch is a function of the inputs' metadata (shapes, strides, dtypes,
+    # devices, 16-byte alignment) and the options: computed once per key by _plan (the checks with their
+    # messages, the layout, the config, the grid), a dict lookup after that.
+    key = (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16, b.shape, b.stride(), b.dtype, b.device,
+           b.data_ptr() % 16, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+           None if out is None else (out.shape, out.dtype, out.device, out.is_contiguous()),
+           activation, allow_tf32, fast_tanh, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(a, b, bias, activation, out, allow_tf32, fast_tanh, config)
+        if plan.grid is not None:      # not a call that tunes first (its plan comes from the next call)
+            _PLANS[key] = plan
+    m, n, k = plan.m, plan.n, plan.k
+    if out is None:
+        out = torch.empty(plan.out_shape, device=a.device, dtype=a.dtype)
+    if m == 0 or n == 0:
+        return out
+    a2 = a if a.dim() == 2 else a.reshape(-1, k)
+    c2 = out.view(m, n)
+    x, y, z = (b.t(), a2.t(), c2.t()) if plan.swap else (a2, b, c2)
+    args = (x, y, z, bias if bias is not None else c2, *plan.ints)
+    if plan.grid is None:
+        # The autotuner tunes per exact M; a model calls matmul with many M (B·T changes with every
+        # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
+        # directly after that (less host work per call, too).
+        mm, nn = plan.ints[0], plan.ints[1]
+        grid = lambda META: (cdiv(mm, META["BLOCK_M"]) * cdiv(nn, META["BLOCK_N"]),)  # noqa: E731
+        precompile(_matmul_autotuned, grid, *args, **plan.meta)  # the candidate configs, in parallel threads
+        _matmul_autotuned[grid](*args, **plan.meta)
+        best = _matmul_autotuned.best_config
+        _TUNED[plan.tune_key] = (_shape(best), best.kwargs["PREFETCH"])
+        return out
+    matmul_kernel[plan.grid](*args, **plan.meta)
+    return out
+
+
+#: matmul's plan per key (the inputs' metadata and the options): see _plan.
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
+          out: torch.Tensor | None, allow_tf32: bool, fast_tanh: bool, config) -> _Plan:
+    """The checks (a clear error for a bad input) and every decision of a matmul call that depends only
+    on its key: shapes, the layout (swap), the integer arguments, the config and the grid (None: the
+    call tunes its bucket of M first)."""
     check_same(a, b, "a, b")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
@@ -363,16 +410,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     a2 = a if a.dim() == 2 else a.reshape(-1, k)
     m = a2.shape[0]
     out_shape = (*a.shape[:-1], n)
-    if out is None:
-        out = torch.empty(out_shape, device=a.device, dtype=a.dtype)
-    else:
+    if out is not None:
         check_tensor(out, "out", dtypes=(a.dtype,), contiguous=True)
         check_same(a, out, "a, out")
         if tuple(out.shape) != out_shape:
             raise ValueError(f"out: expected shape {out_shape}, got {tuple(out.shape)}")
     if m == 0 or n == 0:
-        return out
-    c2 = out.view(m, n)
+        return _Plan(m, n, k, out_shape, False, (), {}, (1,), None)
+    c2 = torch.empty((m, n), dtype=a.dtype, device="meta")         # the layout of out.view(m, n)
     tf32 = allow_tf32 and a.dtype == torch.float32
     # fp32 with TF32 and b N-major (a row-major weight [K, N]): TF32 wgmma reads an operand in shared
     # memory K-major only, so b would be transposed by 4-byte copies (H100: 0.27x cuBLAS). Computing
@@ -381,8 +426,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     # M >= 1793 only: few rows (M <= 64) keep the skinny configs, unswapped, as before.
     swap = tf32 and m > 64 and b.stride(1) == 1 and n > 1 and a2.stride(1) == 1 and k > 1
     x, y, z, mm, nn = (b.t(), a2.t(), c2.t(), n, m) if swap else (a2, b, c2, m, n)
-    args = (x, y, z, bias if bias is not None else c2, mm, nn, k,
-            x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1),
+    ints = (mm, nn, k, x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1),
             bias.stride(0) if bias is not None else 0)
     meta = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, INPUT_PRECISION="tf32" if tf32 else "ieee",
                 DOT_FP32=TRITON_INTERPRET and a.dtype == torch.bfloat16,
@@ -393,26 +437,31 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         config = TINY_CONFIG
     if config is not None and not TRITON_INTERPRET:   # a GPU with less shared memory: fewer stages
         config = _fitted(tuple(config), a.element_size(), a.device.index)
+    tune_key = None
     if config is None:
-        # The autotuner tunes per exact M; a model calls matmul with many M (B·T changes with every
-        # batch of prompts). Tune once per power-of-two bucket of M and launch the bucket's choice
-        # directly after that (less host work per call, too).
-        key = (_bucket(m), n, k, a.dtype, bias is not None, activation, meta["INPUT_PRECISION"],
-               meta["FAST_TANH"], b.stride(0) == 1, aligned, swap)
-        tuned = _TUNED.get(key)
+        tune_key = (_bucket(m), n, k, a.dtype, bias is not None, activation, meta["INPUT_PRECISION"],
+                    meta["FAST_TANH"], b.stride(0) == 1, aligned, swap)
+        tuned = _TUNED.get(tune_key)
         if tuned is None:
-            grid = lambda META: (triton.cdiv(mm, META["BLOCK_M"]) * triton.cdiv(nn, META["BLOCK_N"]),)  # noqa: E731
-            precompile(_matmul_autotuned, grid, *args, **meta)  # the candidate configs, in parallel threads
-            _matmul_autotuned[grid](*args, **meta)
-            best = _matmul_autotuned.best_config
-            _TUNED[key] = (_shape(best), best.kwargs["PREFETCH"])
-            return out
+            return _Plan(m, n, k, out_shape, swap, ints, meta, None, tune_key)
         config, prefetch = tuned
     bm, bn, bk, warps, stages = config
-    grid = (triton.cdiv(mm, bm) * triton.cdiv(nn, bn),)
-    matmul_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PREFETCH=prefetch,
-                        EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
-    return out
+    grid = (cdiv(mm, bm) * cdiv(nn, bn),)
+    meta.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PREFETCH=prefetch, EVEN_K=k % bk == 0,
+                num_warps=warps, num_stages=stages)
+    return _Plan(m, n, k, out_shape, swap, ints, meta, grid, tune_key)
+
+
+class _Plan(NamedTuple):
+    m: int
+    n: int
+    k: int
+    out_shape: tuple
+    swap: bool
+    ints: tuple                 # the kernel's integer arguments: M, N, K and the strides
+    meta: dict                  # its constexprs and launch options
+    grid: tuple | None          # None: tune this bucket of M first (tune_key)
+    tune_key: tuple | None = None
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -43,7 +43,7 @@ MUTANTS = [
              "            s = s_all[..., m0:m1, n0:n1]")],
            expect=("tile", "never whole"), grader=("never whole",)),
     Mutant(A05, "gelu_triton.py", "outputs memoised per shape",
-           [("    check_tensor(x, \"x\")\n    return triton_gelu(x)",
+           [("    check_tensor(x, \"x\")\n    if plain_eager(x):\n        return _gelu(x)\n    return triton_gelu(x)",
              "    check_tensor(x, \"x\")\n    memo = globals().setdefault(\"_MEMO\", {})\n"
              "    key = (tuple(x.shape), x.dtype)\n    if key not in memo:\n        memo[key] = triton_gelu(x)\n"
              "    return memo[key]")],

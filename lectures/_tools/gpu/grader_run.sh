@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The grader before and after fresh-input timing (issue #27), on the GPU machine, from the repository root:
-#   OLD=path/to/a/checkout/of/the/old/commit STEP=before OUT=/some/dir bash lectures/results/grader/h100_fresh_timing_run.sh
+#   OLD=path/to/a/checkout/of/the/old/commit STEP=before OUT=/some/dir bash lectures/_tools/gpu/grader_run.sh
 #   STEP=after  OUT=/some/dir bash ...     the new grader on solutions/, graded tests included (full marks?)
 #   STEP=gpu    OUT=/some/dir bash ...     the GPU-only tests of the new timing and the GPU mutants
 #   STEP=compare OUT=/some/dir bash ...    before.json vs after.json (lectures/_tools/compare_grades.py)
