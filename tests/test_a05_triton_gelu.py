@@ -101,6 +101,7 @@ def test_one_op_per_call(mod):
     """Through the dispatcher the call is one op, the custom op, with no aten math around it or in it
     (the trace goes into the op's Python body: its output allocation shows, nothing else)."""
     x = randn(4, 1000)
+    mod.gelu(x)             # the autotuner's first call for this size benchmarks its configs (buffers, L2 flushes)
     with trace_ops() as t:
         y = mod.gelu(x)
     assert t.ops[0] == f"{mod.NS}.triton_gelu.default", t.ops
