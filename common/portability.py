@@ -411,14 +411,16 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
     ln = load("a08_gpt2_inference.layernorm")
     dec = load("a08_gpt2_inference.decode_attention")
     kv = load("a08_gpt2_inference.kv_cache")
+    gv = load("a08_gpt2_inference.gemv")
     for dt in (FP32, BF16, FP16):
         only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
         t, f = _dt(dt), _dt(FP32)
+        yield from _a08_gemv(gv, dt, t, f, only)
         for c in (64, 768, 1600, 8192):        # BLOCK_C 64 .. 8192, warps 1 .. 8 (layernorm._launch)
             block = _next_pow2(c)
             warps = ln.warps_for(block)
             yield Launch("a08", "_add_layernorm_kernel", f"{dt} BLOCK_C={block} warps={warps}", ln._add_layernorm_kernel,
-                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5), dict(HAS_RESIDUAL=True, BLOCK_C=block, num_warps=warps),
+                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5), dict(HAS_RESIDUAL=True, BLOCK_C=block, USE_PDL=False, num_warps=warps),
                          only)
         for d in (64, 128):
             warps = dec.split_warps(d)
@@ -426,12 +428,39 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
                 yield Launch("a08", "_decode_split", f"{dt} d={d} NUM_SPLITS={splits} BLOCK_N={dec.BLOCK_N} warps={warps}",
                              dec._decode_split, (t, t, t, _dt("int32"), t, f, f, 12 * d, d, 12 * 1024 * d, 1024 * d, d,
                                                  12 * 1024 * d, 1024 * d, d, 12 * d, d, 12, 0.18),
-                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, num_warps=warps), only)
+                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, USE_PDL=False, num_warps=warps), only)
             yield Launch("a08", "_decode_combine", f"{dt} d={d} NUM_SPLITS=64", dec._decode_combine,
-                         (f, f, t, 12 * d, d, 12), dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, num_warps=1), only)
+                         (f, f, t, 12 * d, d, 12), dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, USE_PDL=False, num_warps=1), only)
             yield Launch("a08", "_write_kv_kernel", f"{dt} d={d} BLOCK_H=32", kv._write_kv_kernel,
                          (t, t, t, _dt("int32"), 1, 25, 1024, 3 * 25 * d, 25 * 1024 * d, 1024 * d, d),
-                         dict(HEAD_DIM=d, BLOCK_H=32, num_warps=4), only)
+                         dict(HEAD_DIM=d, BLOCK_H=32, USE_PDL=False, num_warps=4), only)
+
+
+def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
+    """The decode GEMV as the engine launches it (gemv.choose_config on 132 SMs, GPT-2 XL's shapes): K-major W
+    at 1 row (FMAs) and 16 rows (tl.dot), and N-major W split over K (the partial sums' combine); one
+    more with programmatic dependent launch, on sm_90 only (griddepcontrol needs Hopper)."""
+    import torch
+    size = {FP32: 4, BF16: 2, FP16: 2}[dt]
+    tdt = {FP32: torch.float32, BF16: torch.bfloat16, FP16: torch.float16}[dt]
+    for m, k, n, kmajor in ((1, 1600, 4800, True), (16, 6400, 1600, True), (1, 1600, 4800, False), (16, 1600, 6400, False)):
+        bn, bk, splits, warps, stages = gv.choose_config(m, n, k, tdt, kmajor, 132, interpreter=False)
+        dot = gv.use_dot(m)
+        bm = gv.block_m(m, dot)
+        per = -(-(-(-k // bk)) // splits) * bk
+        sw = (1, k) if kmajor else (n, 1)              # W's (stride_wk, stride_wn)
+        for pdl in (False, True):
+            if pdl and ((m, kmajor) != (1, True) or only is not None):
+                continue
+            yield Launch("a08", "_matvec_kernel",
+                         f"{dt} M={m} {k}->{n} {'K' if kmajor else 'N'}-major {(bn, bk, splits, warps, stages)}"
+                         f"{' PDL' if pdl else ''}", gv._matvec_kernel,
+                         (t, t, t, t, f, _dt("int32"), m, n, k, per, k, 1, *sw, n),
+                         dict(HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=size == 2, SPLIT_K=splits,
+                              COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False,
+                              BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=kmajor, FENCE=True, USE_PDL=pdl,
+                              num_warps=warps, num_stages=stages),
+                         ("sm_90",) if pdl else only)
 
 
 def _next_pow2(n: int) -> int:
