@@ -525,6 +525,33 @@ def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
         eng.GPT2Engine.from_hf(relu)
 
 
+BAD_IDS = [  # (prompts, error, what the message must say)
+    ([[1, 2, 257]], ValueError, r"token id 257 in sequence 0 at position 2 .*vocab_size=257"),
+    ([[4, 5], [3, 1, -1]], ValueError, r"token id -1 in sequence 1 at position 2"),
+    (torch.tensor([[7, 300, 2]]), ValueError, r"token id 300 in sequence 0 at position 1"),
+    (torch.rand(1, 4), TypeError, r"integers.*float32"),
+    ([[1.0, 2.5]], TypeError, r"prompts\[0\].*integers"),
+    ([torch.tensor([True, False])], TypeError, r"integers.*bool"),
+    (["hello"], TypeError, r"tokenize"),
+]
+
+
+def test_generate_refuses_bad_token_ids_and_stays_usable(eng, tiny_model, seed):
+    """Token ids out of [0, vocab_size) (ValueError naming the value, the sequence and the position) and
+    non-integer ids (TypeError) are refused before any kernel runs; a generate() after each refusal gives
+    the same tokens as before it (on a GPU an out-of-range id would otherwise be a device-side assert that
+    kills the process's CUDA context). ``prefill`` checks its ids too."""
+    engine = _engine(eng, tiny_model, max_batch=2, max_seq_len=16)
+    good = _prompts([3, 5], TINY["vocab_size"], seed)
+    first = engine.generate(good, 2).tolist()
+    for prompts, err, msg in BAD_IDS:
+        with pytest.raises(err, match=msg):
+            engine.generate(prompts, 2)
+    with pytest.raises(ValueError, match="position 3"):
+        engine.prefill(torch.tensor([[1, 2, 3, 999]], device=engine.device))
+    assert engine.generate(good, 2).tolist() == first, "generate() after refused inputs gave other tokens"
+
+
 # ============================================================ GPU: GPT-2 small's shape, graphs, memory
 @pytest.fixture(scope="module")
 def small_model():
@@ -647,3 +674,20 @@ def test_engine_gemv_and_pdl_switches_give_the_same_tokens(eng, small_model, see
         assert got == want, (f"engine {kw or 'default'} (pdl={engine.pdl}): first difference at new token "
                              f"{next(j for j in range(32) if got[j] != want[j])}")
 
+
+@pytest.mark.gpu
+def test_bad_token_ids_on_the_gpu_keep_the_cuda_context(eng, tiny_model, seed):
+    """On the GPU: ids on the host or on the device, out of range (the id vocab_size, a negative one) or
+    floats, are refused with a clear error; prompts on the CPU are moved; every later generate() works."""
+    engine = eng.GPT2Engine.from_hf(tiny_model, dtype=torch.float32, device="cuda", max_batch=2, max_seq_len=16)
+    good = _prompts([3, 5], TINY["vocab_size"], seed)
+    first = engine.generate(good, 3).tolist()
+    for prompts, err, msg in BAD_IDS + [(torch.tensor([[1, 2, 257]], device="cuda"), ValueError, "token id 257"),
+                                        (torch.tensor([[1, -5]], device="cuda"), ValueError, "token id -5"),
+                                        (torch.rand(1, 4, device="cuda"), TypeError, "integers")]:
+        with pytest.raises(err, match=msg):
+            engine.generate(prompts, 3)
+        assert engine.generate(good, 3).tolist() == first, f"generate() after refusing {prompts!r} gave other tokens"
+    on_cpu = torch.tensor([good[0]])
+    assert engine.generate(on_cpu, 3).tolist()[0] == first[0], "a prompt tensor on the CPU is moved to the GPU"
+    torch.cuda.synchronize()

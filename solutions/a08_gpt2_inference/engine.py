@@ -97,6 +97,12 @@ class Layer:
     fc_proj_b: torch.Tensor
 
 
+def _check_integer(ids: torch.Tensor, name: str) -> None:
+    """TypeError unless ``ids`` holds integers (bool and floating-point ids are refused, never rounded)."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name}: token ids must be integers, got a tensor of {ids.dtype}")
+
+
 class GPT2Engine:
     """Greedy GPT-2 generation with a static KV cache, on the course's kernels."""
 
@@ -191,8 +197,9 @@ class GPT2Engine:
                 all_logits: bool = False, cuda_graph: bool = False) -> torch.Tensor:
         """Run the prompts, fill the KV cache, and return the logits that pick the first new token.
 
-        ids: int64 [B, T] on the engine's device, right-padded (any token id after a
-        sequence's end); lengths: each prompt's real length (default: all T). Starts a new
+        ids: int64 [B, T] on the engine's device, right-padded (any valid token id after a
+        sequence's end); every id in [0, vocab_size), else ValueError (one check per call, before
+        any kernel runs); lengths: each prompt's real length (default: all T). Starts a new
         batch: the cache's old contents are forgotten. Returns [B, vocab], the logits at each
         sequence's last real token; ``all_logits=True``: [B, T, vocab] at every position
         (padding positions hold garbage). ``cuda_graph=True`` (what generate() does on a GPU)
@@ -357,13 +364,31 @@ class GPT2Engine:
         return out
 
     def pad(self, prompts) -> tuple[torch.Tensor, list[int]]:
-        """Right-pad prompts to [B, T] int64 on the device; returns (ids, lengths)."""
+        """Right-pad prompts to [B, T] int64 on the device; returns (ids, lengths).
+
+        Token ids must be integers (TypeError otherwise: a float id is never rounded silently); a tensor
+        on another device is moved to the engine's. Their range is checked by :meth:`prefill`."""
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() != 2:
                 raise ValueError(f"prompts: expected [B, T] token ids, got shape {tuple(prompts.shape)}")
+            _check_integer(prompts, "prompts")
             return prompts.to(self.device, torch.long), [prompts.shape[1]] * prompts.shape[0]
-        seqs = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
-        if not seqs or any(len(s) == 0 for s in seqs):
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"prompts: expected a list of token-id sequences or an int64 [B, T] tensor, "
+                            f"got {type(prompts).__name__}")
+        seqs = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, (str, bytes)):
+                raise TypeError(f"prompts[{i}]: expected token ids (integers), got a {type(p).__name__}: tokenize first")
+            try:
+                s = p if isinstance(p, torch.Tensor) else torch.as_tensor(p)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise TypeError(f"prompts[{i}]: expected a sequence of token ids (integers), got {p!r:.80}") from e
+            if s.numel() == 0:
+                raise ValueError("prompts: expected one or more non-empty token sequences")
+            _check_integer(s, f"prompts[{i}]")
+            seqs.append(s.flatten().to("cpu", torch.long))
+        if not seqs:
             raise ValueError("prompts: expected one or more non-empty token sequences")
         t = max(len(s) for s in seqs)
         ids = torch.zeros(len(seqs), t, dtype=torch.long)
@@ -384,7 +409,20 @@ class GPT2Engine:
             raise ValueError(f"prompt length {t}: expected 1 to max_seq_len={self.max_seq_len}")
         if lengths is not None and (len(lengths) != b or not all(1 <= n <= t for n in lengths)):
             raise ValueError(f"lengths: expected {b} lengths in 1..{t}, got {list(lengths)}")
+        self._check_token_range(ids)
         return b, t
+
+    def _check_token_range(self, ids: torch.Tensor) -> None:
+        """ValueError unless every id (padding included) lies in [0, vocab_size), before any kernel runs:
+        an id out of range would make the embedding read out of bounds (on a GPU: a device-side assert
+        that kills the process's CUDA context). One reduction and one host sync (.tolist()) per call;
+        the search for the culprit runs only when there is one."""
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+        if lo >= 0 and hi < self.vocab_size:
+            return
+        bad = ((ids < 0) | (ids >= self.vocab_size)).nonzero()[0].tolist()
+        raise ValueError(f"token id {ids[bad[0], bad[1]].item()} in sequence {bad[0]} at position {bad[1]} is out of "
+                         f"range: expected 0 <= id < vocab_size={self.vocab_size}")
 
     def _replay(self, b: int, tok: torch.Tensor) -> torch.Tensor:
         """One decode step by CUDA-graph replay (captured on first use for batch size b)."""
