@@ -392,6 +392,7 @@ def _a07(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
                                 # the launcher's own choice: the config, and whether it may fall back
                                 _, cfg, fallback = mod._kernel(fns[kind], kind, d, n, _dt(dt))
                                 kw = dict(HEAD_DIM=d, CAUSAL=causal,
+                                          **({"BLOCK_D": d} if kind == "fwd" else {}),
                                           **({"allowed_dot_input_precisions": (prec,)} if prec else {}))
                                 chain = tuple(dict(kw, **c) for c in (mod.smaller_configs(cfg) if fallback else [cfg]))
                                 yield Launch("a07", fns[kind].__name__,
@@ -418,7 +419,8 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
             block = _next_pow2(c)
             warps = ln.warps_for(block)
             yield Launch("a08", "_add_layernorm_kernel", f"{dt} BLOCK_C={block} warps={warps}", ln._add_layernorm_kernel,
-                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5), dict(HAS_RESIDUAL=True, BLOCK_C=block, num_warps=warps),
+                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5),
+                         dict(HAS_RESIDUAL=True, BLOCK_C=block, USE_PDL=False, num_warps=warps),
                          only)
         for d in (64, 128):
             warps = dec.split_warps(d)
@@ -426,12 +428,14 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
                 yield Launch("a08", "_decode_split", f"{dt} d={d} NUM_SPLITS={splits} BLOCK_N={dec.BLOCK_N} warps={warps}",
                              dec._decode_split, (t, t, t, _dt("int32"), t, f, f, 12 * d, d, 12 * 1024 * d, 1024 * d, d,
                                                  12 * 1024 * d, 1024 * d, d, 12 * d, d, 12, 0.18),
-                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, num_warps=warps), only)
+                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, BLOCK_D=d, USE_PDL=False,
+                                  num_warps=warps), only)
             yield Launch("a08", "_decode_combine", f"{dt} d={d} NUM_SPLITS=64", dec._decode_combine,
-                         (f, f, t, 12 * d, d, 12), dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, num_warps=1), only)
+                         (f, f, t, 12 * d, d, 12),
+                         dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, BLOCK_D=d, USE_PDL=False, num_warps=1), only)
             yield Launch("a08", "_write_kv_kernel", f"{dt} d={d} BLOCK_H=32", kv._write_kv_kernel,
                          (t, t, t, _dt("int32"), 1, 25, 1024, 3 * 25 * d, 25 * 1024 * d, 1024 * d, d),
-                         dict(HEAD_DIM=d, BLOCK_H=32, num_warps=4), only)
+                         dict(HEAD_DIM=d, BLOCK_H=32, BLOCK_D=d, USE_PDL=False, num_warps=4), only)
 
 
 def _next_pow2(n: int) -> int:

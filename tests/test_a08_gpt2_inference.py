@@ -180,6 +180,8 @@ DEC_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (3, 2, 32, 150, [1, 77, 150]),              # a batch of different lengths
     (4, 1, 128, 97, [13, 96, 2, 65]),
     (2, 4, 16, 33, [33, 17]),
+    (2, 2, 80, 40, [40, 7]),                    # head dims not a power of two: padded to 128, masked
+    (1, 3, 96, 21, [21]),
 ])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_decode_attention(dec, dtype, b, h, d, s_max, lengths, splits, seed):
@@ -227,11 +229,12 @@ def test_decode_attention_bad_inputs(dec, seed):
 
 # ============================================================ kernel 3: the KV-cache write
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("t", [1, 5])
-def test_write_kv(kv, dtype, t, seed):
+@pytest.mark.parametrize("t,d", [(1, 32), (5, 32), (3, 80)])
+def test_write_kv(kv, dtype, t, d, seed):
     """Token t of sequence b lands at start[b] + t of its own row, head by head; nothing else is
-    written (the cache is NaN elsewhere), and no slot at or past S_max (start near the end)."""
-    b, h, d, s_max = 3, 3, 32, 20
+    written (the cache is NaN elsewhere), and no slot at or past S_max (start near the end). Head dim
+    80: not a power of two (the kernel pads it to 128 with a mask)."""
+    b, h, s_max = 3, 3, 20
     qkv = randn(b, t, 3 * h * d, dtype=dtype)
     k_cache, v_cache = _nan((b, h, s_max, d), dtype), _nan((b, h, s_max, d), dtype)
     start = [0, 7, s_max - 2]
@@ -466,6 +469,22 @@ def test_generate_matches_transformers(eng, tiny_model, lengths, seed):
                                 f"engine:       {got[i]}\ntransformers: {want}")
 
 
+@pytest.mark.parametrize("head_size", [80, 96])
+def test_generate_head_sizes_not_a_power_of_two(eng, head_size, seed):
+    """Head sizes 80 and 96 (n_embd 160 / 192, 2 heads; real models have 80, 96, 160): prefill's flash
+    attention, the KV-cache write and decode attention pad the head to 128 with masks; greedy tokens
+    identical to transformers (fp32) for a right-padded batch of two prompts."""
+    model = random_gpt2(3, vocab_size=97, n_positions=32, n_embd=2 * head_size, n_layer=1, n_head=2,
+                        initializer_range=0.3)
+    engine = eng.GPT2Engine.from_hf(model, dtype=torch.float32, max_batch=2, max_seq_len=32)
+    assert engine.head_dim == head_size
+    prompts = _prompts([7, 3], 97, seed)
+    got = engine.generate(prompts, 6).tolist()
+    for i, p in enumerate(prompts):
+        want = hf_generate(model, p, 6)
+        assert got[i] == want, f"head size {head_size}, prompt {i}: engine {got[i]}, transformers {want}"
+
+
 def test_decode_step_uses_the_course_kernels(eng, tiny_model, seed):
     """A decode step calls no PyTorch matmul, LayerNorm, GELU, softmax or attention, and reads no
     device value on the host (.item(), .tolist(), bool(t), int(t), .cpu(): a host sync, which a CUDA
@@ -523,6 +542,9 @@ def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
     relu = GPT2LMHeadModel(GPT2Config(**{**TINY, "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function"):
         eng.GPT2Engine.from_hf(relu)
+    wide = GPT2LMHeadModel(GPT2Config(**{**TINY, "n_embd": 600, "n_head": 2, "n_layer": 1}))
+    with pytest.raises(ValueError, match="head size 300"):
+        eng.GPT2Engine.from_hf(wide)
 
 
 BAD_IDS = [  # (prompts, error, what the message must say)

@@ -60,7 +60,7 @@ from common.checks import FLOAT_DTYPES
 
 from ..a06_matmul.matmul_triton import matmul
 from ..a07_flash_attention.flash_triton import attention_forward
-from .decode_attention import decode_attention
+from .decode_attention import MAX_HEAD_DIM, decode_attention
 from .gemv import MAX_ROWS as GEMV_ROWS
 from .gemv import gemv
 from .kv_cache import KVCache, write_kv
@@ -148,6 +148,11 @@ class GPT2Engine:
             problems.append("attention scaling other than 1/sqrt(d)")
         if getattr(cfg, "add_cross_attention", False):
             problems.append("cross-attention")
+        if cfg.n_embd % cfg.n_head:
+            problems.append(f"n_embd={cfg.n_embd} is not a multiple of n_head={cfg.n_head}")
+        elif cfg.n_embd // cfg.n_head > MAX_HEAD_DIM:
+            problems.append(f"head size {cfg.n_embd // cfg.n_head} (n_embd / n_head): the attention kernels take head "
+                            f"sizes up to {MAX_HEAD_DIM} (a power of two or not: 80 and 96 run padded to 128)")
         if problems:
             raise ValueError(f"from_hf: this GPT-2 config is not supported: {'; '.join(problems)}")
         tr = model.transformer

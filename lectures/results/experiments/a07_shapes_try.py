@@ -279,6 +279,7 @@ def fwd_shipped(q, k, v, causal, cfg, o=None, lse=None, knobs=None, warm=False):
     kw = dict(HEAD_DIM=d, CAUSAL=bool(causal), **cfg)
     if knobs is None:
         fn, grid = FT._attn_fwd, (n_m, Z * H)
+        kw["BLOCK_D"] = d               # the head dim's block (a power of two: d itself at the d swept here)
     else:
         fn, grid = _fwd_var, ((n_m, Z * H) if knobs["ORDER"] == 0 else (Z * H, n_m))
         kw.update(knobs)
