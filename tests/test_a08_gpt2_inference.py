@@ -574,6 +574,155 @@ def test_generate_refuses_bad_token_ids_and_stays_usable(eng, tiny_model, seed):
     assert engine.generate(good, 2).tolist() == first, "generate() after refused inputs gave other tokens"
 
 
+# ============================================================ stop tokens, streaming, sampling
+ONE_LAYER = dict(TINY, n_layer=1, vocab_size=40)      # a small vocabulary: the interpreter samples ~20 rows/s
+
+
+@pytest.fixture(scope="module")
+def one_layer_model():
+    return random_gpt2(11, **ONE_LAYER)
+
+
+def hf_generate_with(model, prompt: list[int], n: int, **kw) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def test_eos_stops_each_sequence_and_streaming_gives_the_same_tokens(eng, one_layer_model, seed):
+    """eos_token_id (a list: one id each sequence produces early): every sequence's tokens up to its EOS
+    are transformers' greedy generate(eos_token_id=...) token for token (fp32), the ended sequences are
+    padded with pad_token_id, and generate() returns at the longest one's EOS, as transformers does, with
+    the host checking every 2 steps; stream() yields the same tokens step by step and stops there too."""
+    engine = _engine(eng, one_layer_model, max_batch=3, max_seq_len=40)
+    prompts = _prompts([5, 9, 2], ONE_LAYER["vocab_size"], seed)
+    n = 10
+    greedy = engine.generate(prompts, n).tolist()
+    eos = sorted({g[k] for g, k in zip(greedy, (2, 5, 4))})     # each sequence meets one of these early
+    got = engine.generate(prompts, n, eos_token_id=eos, pad_token_id=3, check_every=2).tolist()
+    want = [hf_generate_with(one_layer_model, p, n, do_sample=False, eos_token_id=eos, pad_token_id=3)
+            for p in prompts]
+    assert len(got[0]) == max(len(w) for w in want) < n, (
+        f"generate() returned {len(got[0])} steps; transformers' longest sequence ends after {max(map(len, want))}")
+    for i, w in enumerate(want):
+        assert got[i][:len(w)] == w, f"sequence {i}: engine {got[i]}, transformers {w} (eos {eos})"
+        assert all(t == 3 for t in got[i][len(w):]), f"sequence {i} after its EOS: {got[i][len(w):]}, expected pad 3"
+    steps = list(engine.stream(prompts, n, eos_token_id=eos, pad_token_id=3))
+    assert all(s.shape == (3,) and s.device.type == "cpu" for s in steps), "stream() yields int64 [B] on the host"
+    assert torch.stack(steps, 1).tolist() == got, "stream() and generate() disagree"
+    assert torch.stack(list(engine.stream(prompts, 4)), 1).tolist() == [g[:4] for g in greedy], \
+        "stream() without EOS: generate()'s greedy tokens"
+    with pytest.raises(ValueError, match="eos_token_id"):
+        engine.generate(prompts, 2, eos_token_id=ONE_LAYER["vocab_size"])
+
+
+def test_sampling_seeds_and_greedy_limits(eng, one_layer_model, seed):
+    """do_sample=True: top_k=1 and a temperature near 0 give the greedy tokens; the same seed (or a
+    torch.Generator in the same state) the same tokens, another seed other tokens; with an EOS, sampled
+    sequences end and are padded as greedy ones."""
+    engine = _engine(eng, one_layer_model, max_batch=2, max_seq_len=40)
+    prompts = _prompts([4, 7], ONE_LAYER["vocab_size"], seed)
+    n = 5
+    greedy = engine.generate(prompts, n).tolist()
+    assert engine.generate(prompts, n, do_sample=True, top_k=1, seed=5).tolist() == greedy, "top_k=1 is greedy"
+    assert engine.generate(prompts, n, do_sample=True, temperature=1e-4, seed=5).tolist() == greedy, \
+        "temperature 1e-4 is greedy"
+    a = engine.generate(prompts, n, do_sample=True, temperature=1.5, seed=123).tolist()
+    assert engine.generate(prompts, n, do_sample=True, temperature=1.5, seed=123).tolist() == a, "same seed, other tokens"
+    assert engine.generate(prompts, n, do_sample=True, temperature=1.5, seed=124).tolist() != a, \
+        "seeds 123 and 124 gave the same 10 sampled tokens"
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    assert engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g1).tolist() == \
+        engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g2).tolist(), "same generator state"
+    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            engine.generate(prompts, 2, do_sample=True, **bad)
+
+
+def _hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' sampling distribution for one row of logits (its warpers, in generate()'s order)."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    scores = logits.float().cpu()[None]
+    scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1)[0].double()
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square test of counts against probs (cells expected < 5 times pooled)."""
+    n = counts.sum()
+    exp = probs * n
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([exp[big], exp[~big].sum()[None]])
+    keep = exp > 0
+    chi = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), chi / 2)) if dof > 0 else 1.0
+
+
+#: (temperature, top_k, top_p); on a CPU (interpreted, ~50 ms a draw) the last one only, with fewer draws
+SAMPLING_CASES = [(1.0, 0, 1.0), (0.7, 6, 1.0), (1.3, 0, 0.8), (1.0, 12, 0.7)]
+DRAWS = 20000 if HAS_CUDA else 120
+
+
+def test_sampled_tokens_follow_transformers_distribution(eng, one_layer_model, seed):
+    """The engine's first-token distribution after a prompt (its prefill logits, its sampling kernel as
+    generate() calls it, DRAWS draws: one a row, each row its own random stream) against transformers'
+    do_sample distribution for the same prompt (its model's logits through its temperature, top-k and
+    top-p warpers): a chi-square test (p > 1e-3 at a fixed seed), and no draw outside top-k / the nucleus.
+    On a GPU every case of SAMPLING_CASES with 20000 draws; on a CPU the top-p case."""
+    engine = _engine(eng, one_layer_model, max_batch=1, max_seq_len=40)
+    samp = eng.sample
+    prompt = _prompts([6], ONE_LAYER["vocab_size"], seed)[0]
+    ids, lengths = engine.pad([prompt])
+    logits = engine.prefill(ids, lengths)
+    with torch.no_grad():
+        hf_logits_last = one_layer_model(torch.tensor([prompt])).logits[0, -1]
+    n = DRAWS
+    rows = logits.expand(n, -1).contiguous()
+    positions = torch.full((n,), len(prompt), dtype=torch.int32, device=engine.device)
+    for t, k, p in SAMPLING_CASES if HAS_CUDA else SAMPLING_CASES[2:3]:
+        params = eng.SamplingParams(t, k, p).tensor(engine.device)
+        tok = samp(rows, params, torch.tensor([1234], device=engine.device), positions).cpu()
+        probs = _hf_probs(hf_logits_last, t, k, p)
+        counts = torch.bincount(tok, minlength=ONE_LAYER["vocab_size"]).double()
+        outside = int(counts[probs == 0].sum())
+        assert outside == 0, f"T={t} top_k={k} top_p={p}: {outside} of {n} draws outside the kept tokens"
+        pv = _chi_square_p(counts, probs)
+        assert pv > 1e-3, f"T={t} top_k={k} top_p={p}: chi-square p-value {pv:.1e} (engine draws vs transformers)"
+
+
+@pytest.mark.given
+def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
+    """sampling.sample (given code) on an 8-token vocabulary (a GPU: 200): draws (one a row) at a fixed
+    seed match softmax(logits / T) after top-k / top-p (chi-square, p > 1e-3), top-p and top-k never draw
+    outside the kept tokens, the draws differ between rows and repeat with the seed."""
+    smp = impl.load("a08_gpt2_inference.sampling")
+    g = torch.Generator().manual_seed(seed)
+    v, n = (200, 50000) if HAS_CUDA else (8, 100)
+    logits = torch.randn(v, generator=g) * 2
+    rows = logits.to(DEVICE).expand(n, -1).contiguous()
+    pos = torch.arange(n, dtype=torch.int32, device=DEVICE) % 7
+    key = torch.tensor([seed], device=DEVICE)
+    for t, k, p in [(1.0, 0, 1.0), (0.6, 0, 0.75), (1.0, 3, 1.0)]:
+        m = n if HAS_CUDA or k == 0 else 20          # interpreted top-k: ~4x slower a draw; support only
+        tok = smp.sample(rows[:m], smp.SamplingParams(t, k, p).tensor(DEVICE), key, pos[:m]).cpu()
+        probs = _hf_probs(logits, t, k, p)
+        counts = torch.bincount(tok, minlength=v).double()
+        assert int(counts[probs == 0].sum()) == 0, f"T={t} top_k={k} top_p={p}: draws outside the kept tokens"
+        if m == n:
+            pv = _chi_square_p(counts, probs)
+            assert pv > 1e-3, f"T={t} top_k={k} top_p={p}: chi-square p-value {pv:.1e}"
+    first = smp.sample(rows[:30], smp.SamplingParams().tensor(DEVICE), key, pos[:30]).cpu()
+    assert torch.equal(first, smp.sample(rows[:30], smp.SamplingParams().tensor(DEVICE), key, pos[:30]).cpu())
+    assert len(set(first.tolist())) > 2, "30 rows drew (almost) the same token: the rows share a random stream"
+
+
 # ============================================================ GPU: GPT-2 small's shape, graphs, memory
 @pytest.fixture(scope="module")
 def small_model():
