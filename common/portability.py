@@ -412,6 +412,11 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
     ln = load("a08_gpt2_inference.layernorm")
     dec = load("a08_gpt2_inference.decode_attention")
     kv = load("a08_gpt2_inference.kv_cache")
+    smp = load("a08_gpt2_inference.sampling")
+    for dt in (FP32, BF16):                    # the sampling kernel: one program a row over GPT-2's vocabulary
+        yield Launch("a08", "_sample_kernel", f"{dt} BLOCK_V={smp.BLOCK_V} warps=8", smp._sample_kernel,
+                     (_dt(dt), _dt("int64"), _dt("int32"), _dt(FP32), _dt("int64"), 50257, 50257),
+                     dict(BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
     for dt in (FP32, BF16, FP16):
         only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
         t, f = _dt(dt), _dt(FP32)

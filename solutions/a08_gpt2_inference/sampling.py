@@ -89,15 +89,15 @@ def _sample_kernel(LOGITS, OUT, POS, PARAMS, SEED, V, s_row,
         bins = tl.arange(0, 16)
         remaining = top_k
         for it in tl.static_range(8):
-            shift: tl.constexpr = 28 - 4 * it
+            shift = 28 - 4 * it
             counts = tl.zeros([16], tl.int32)
             for v0 in range(0, V, BLOCK_V):
                 cols = v0 + offs
                 ok = cols < V
                 u = _key(_scaled(base, cols, ok, temp))
                 match = ok & ((u >> (shift + 4)) == (thr >> (shift + 4)))
-                digit = ((u >> shift) & 15).to(tl.int32)
-                hit = (digit[:, None] == bins[None, :]) & match[:, None]
+                dig = ((u >> shift) & 15).to(tl.int32)
+                hit = (dig[:, None] == bins[None, :]) & match[:, None]
                 counts += tl.sum(hit.to(tl.int32), axis=0)
             # above[j]: tokens with this prefix and a digit > j; the k-th largest has the digit j
             # with above[j] < remaining <= above[j] + counts[j]: the largest j with the second
