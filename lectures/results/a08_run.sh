@@ -32,11 +32,11 @@ for mode in "$@"; do
              --out "$OUT/a08" 2>&1 | tee "$OUT/gemv.log" | tail -80 ;;
     step) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --step ${STEP_ARGS:-} \
              --out "$OUT/a08" 2>&1 | tee "$OUT/step.log" | tail -40 ;;
-    issue30) timeout ${TEST_TIMEOUT:-270} python3 -m pytest tests/test_a08_gpt2_inference.py \
+    issue30) timeout ${TEST_TIMEOUT:-230} python3 -m pytest tests/test_a08_gpt2_inference.py \
              tests/test_a07_flash_attention.py --impl solutions -q -rs --durations=10 -k "bad_token or head_size or \
              not_a_power or eos or sampl or sample_kernel or decode_attention or write_kv or check_their_inputs or \
              gpt2_small_64 or switches" 2>&1 | tee "$OUT/pytest_issue30.log" | tail -25
-             timeout ${BENCH_TIMEOUT:-270} python3 -m solutions.a08_gpt2_inference.bench --sampling --models small \
+             timeout ${BENCH_TIMEOUT:-220} python3 -m solutions.a08_gpt2_inference.bench --sampling --models small \
              --batches ${BATCHES:-1 8} --prompts 128 --out "$OUT/a08" 2>&1 | tee "$OUT/sampling.log" | tail -20 ;;
     profile) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --profile \
              --models ${MODELS:-small xl} --out "$OUT/a08" 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
