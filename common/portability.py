@@ -392,6 +392,7 @@ def _a07(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
                                 # the launcher's own choice: the config, and whether it may fall back
                                 _, cfg, fallback = mod._kernel(fns[kind], kind, d, n, _dt(dt))
                                 kw = dict(HEAD_DIM=d, CAUSAL=causal,
+                                          **({"BLOCK_D": d} if kind == "fwd" else {}),
                                           **({"allowed_dot_input_precisions": (prec,)} if prec else {}))
                                 chain = tuple(dict(kw, **c) for c in (mod.smaller_configs(cfg) if fallback else [cfg]))
                                 yield Launch("a07", fns[kind].__name__,
@@ -412,6 +413,11 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
     dec = load("a08_gpt2_inference.decode_attention")
     kv = load("a08_gpt2_inference.kv_cache")
     gv = load("a08_gpt2_inference.gemv")
+    smp = load("a08_gpt2_inference.sampling")
+    for dt in (FP32, BF16):                    # the sampling kernel: one program a row over GPT-2's vocabulary
+        yield Launch("a08", "_sample_kernel", f"{dt} BLOCK_V={smp.BLOCK_V} warps=8", smp._sample_kernel,
+                     (_dt(dt), _dt("int64"), _dt("int32"), _dt(FP32), _dt("int64"), 50257, 50257),
+                     dict(BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
     for dt in (FP32, BF16, FP16):
         only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
         t, f = _dt(dt), _dt(FP32)
@@ -420,7 +426,8 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
             block = _next_pow2(c)
             warps = ln.warps_for(block)
             yield Launch("a08", "_add_layernorm_kernel", f"{dt} BLOCK_C={block} warps={warps}", ln._add_layernorm_kernel,
-                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5), dict(HAS_RESIDUAL=True, BLOCK_C=block, USE_PDL=False, num_warps=warps),
+                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5),
+                         dict(HAS_RESIDUAL=True, BLOCK_C=block, USE_PDL=False, num_warps=warps),
                          only)
         for d in (64, 128):
             warps = dec.split_warps(d)
@@ -428,12 +435,14 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
                 yield Launch("a08", "_decode_split", f"{dt} d={d} NUM_SPLITS={splits} BLOCK_N={dec.BLOCK_N} warps={warps}",
                              dec._decode_split, (t, t, t, _dt("int32"), t, f, f, 12 * d, d, 12 * 1024 * d, 1024 * d, d,
                                                  12 * 1024 * d, 1024 * d, d, 12 * d, d, 12, 0.18),
-                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, USE_PDL=False, num_warps=warps), only)
+                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, BLOCK_D=d, USE_PDL=False,
+                                  num_warps=warps), only)
             yield Launch("a08", "_decode_combine", f"{dt} d={d} NUM_SPLITS=64", dec._decode_combine,
-                         (f, f, t, 12 * d, d, 12), dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, USE_PDL=False, num_warps=1), only)
+                         (f, f, t, 12 * d, d, 12),
+                         dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, BLOCK_D=d, USE_PDL=False, num_warps=1), only)
             yield Launch("a08", "_write_kv_kernel", f"{dt} d={d} BLOCK_H=32", kv._write_kv_kernel,
                          (t, t, t, _dt("int32"), 1, 25, 1024, 3 * 25 * d, 25 * 1024 * d, 1024 * d, d),
-                         dict(HEAD_DIM=d, BLOCK_H=32, USE_PDL=False, num_warps=4), only)
+                         dict(HEAD_DIM=d, BLOCK_H=32, BLOCK_D=d, USE_PDL=False, num_warps=4), only)
 
 
 def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:

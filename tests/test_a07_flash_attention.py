@@ -235,6 +235,22 @@ def test_triton_forward_backward(tri, case, causal):
     run_and_check(tri.FlashAttentionTriton.apply, q, k, v, causal, dtype)
 
 
+@pytest.mark.parametrize("case", [((2,), 37, 45, 80, torch.float32), ((1, 2), 45, 45, 96, torch.bfloat16),
+                                  ((2,), 20, 33, 24, torch.float16)], ids=_id)
+def test_triton_forward_head_dims_not_a_power_of_two(tri, case):
+    """Head dims 80, 96 (GPT-2-like models with n_embd / n_head not a power of two) and 24: the forward
+    pads the head dim to a power of two with masks (BLOCK_D); causal and not, O and L against float64.
+    (The backward kernels take the head dims of HEAD_DIMS only: test_bad_input.)"""
+    lead, nq, nk, d, dtype = case
+    q, k, v = qkv(lead, nq, nk, d, dtype, grad=False)
+    for causal in (False, True):
+        o, lse = assert_is_kernel(lambda: tri.attention_forward(q, k, v, causal), forbid_of(tri.attention_forward),
+                                  f"attention_forward d={d}")
+        r_o, r_l = ref.attention(q, k, v, causal)
+        check(o, r_o, dtype, f"O, d={d}, causal={causal}")
+        check_lse(lse, r_l, dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", GPU_CASES, ids=_id)
@@ -356,8 +372,10 @@ def test_bad_input(impl, module):
     with pytest.raises(ValueError, match="leading dims and d"):
         apply(q[..., :16], k, v, False)
     if module == TRITON_MOD:
-        with pytest.raises(ValueError, match="head dim"):
-            apply(*(randn(2, 16, 48, dtype=torch.float16) for _ in range(3)), False)
+        with pytest.raises(ValueError, match="head dim d=48 is not supported by the backward"):
+            apply(*(randn(2, 16, 48, dtype=torch.float16).requires_grad_() for _ in range(3)), False)
+        with pytest.raises(ValueError, match="head dim d=300"):
+            mod.attention_forward(*(randn(2, 16, 300, dtype=torch.float16) for _ in range(3)), False)
         with pytest.raises(ValueError, match="expected a tensor on"):
             apply(*(torch.empty(2, 16, 32, device="meta", dtype=torch.float16) for _ in range(3)), False)
 

@@ -180,6 +180,8 @@ DEC_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (3, 2, 32, 150, [1, 77, 150]),              # a batch of different lengths
     (4, 1, 128, 97, [13, 96, 2, 65]),
     (2, 4, 16, 33, [33, 17]),
+    (2, 2, 80, 40, [40, 7]),                    # head dims not a power of two: padded to 128, masked
+    (1, 3, 96, 21, [21]),
 ])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_decode_attention(dec, dtype, b, h, d, s_max, lengths, splits, seed):
@@ -227,11 +229,12 @@ def test_decode_attention_bad_inputs(dec, seed):
 
 # ============================================================ kernel 3: the KV-cache write
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("t", [1, 5])
-def test_write_kv(kv, dtype, t, seed):
+@pytest.mark.parametrize("t,d", [(1, 32), (5, 32), (3, 80)])
+def test_write_kv(kv, dtype, t, d, seed):
     """Token t of sequence b lands at start[b] + t of its own row, head by head; nothing else is
-    written (the cache is NaN elsewhere), and no slot at or past S_max (start near the end)."""
-    b, h, d, s_max = 3, 3, 32, 20
+    written (the cache is NaN elsewhere), and no slot at or past S_max (start near the end). Head dim
+    80: not a power of two (the kernel pads it to 128 with a mask)."""
+    b, h, s_max = 3, 3, 20
     qkv = randn(b, t, 3 * h * d, dtype=dtype)
     k_cache, v_cache = _nan((b, h, s_max, d), dtype), _nan((b, h, s_max, d), dtype)
     start = [0, 7, s_max - 2]
@@ -466,6 +469,22 @@ def test_generate_matches_transformers(eng, tiny_model, lengths, seed):
                                 f"engine:       {got[i]}\ntransformers: {want}")
 
 
+@pytest.mark.parametrize("head_size", [80, 96])
+def test_generate_head_sizes_not_a_power_of_two(eng, head_size, seed):
+    """Head sizes 80 and 96 (n_embd 160 / 192, 2 heads; real models have 80, 96, 160): prefill's flash
+    attention, the KV-cache write and decode attention pad the head to 128 with masks; greedy tokens
+    identical to transformers (fp32) for a right-padded batch of two prompts."""
+    model = random_gpt2(3, vocab_size=97, n_positions=32, n_embd=2 * head_size, n_layer=1, n_head=2,
+                        initializer_range=0.3)
+    engine = eng.GPT2Engine.from_hf(model, dtype=torch.float32, max_batch=2, max_seq_len=32)
+    assert engine.head_dim == head_size
+    prompts = _prompts([7, 3], 97, seed)
+    got = engine.generate(prompts, 6).tolist()
+    for i, p in enumerate(prompts):
+        want = hf_generate(model, p, 6)
+        assert got[i] == want, f"head size {head_size}, prompt {i}: engine {got[i]}, transformers {want}"
+
+
 def test_decode_step_uses_the_course_kernels(eng, tiny_model, seed):
     """A decode step calls no PyTorch matmul, LayerNorm, GELU, softmax or attention, and reads no
     device value on the host (.item(), .tolist(), bool(t), int(t), .cpu(): a host sync, which a CUDA
@@ -523,6 +542,185 @@ def test_from_hf_and_generate_check_their_inputs(eng, tiny_model, seed):
     relu = GPT2LMHeadModel(GPT2Config(**{**TINY, "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function"):
         eng.GPT2Engine.from_hf(relu)
+    wide = GPT2LMHeadModel(GPT2Config(**{**TINY, "n_embd": 600, "n_head": 2, "n_layer": 1}))
+    with pytest.raises(ValueError, match="head size 300"):
+        eng.GPT2Engine.from_hf(wide)
+
+
+BAD_IDS = [  # (prompts, error, what the message must say)
+    ([[1, 2, 257]], ValueError, r"token id 257 in sequence 0 at position 2 .*vocab_size=257"),
+    ([[4, 5], [3, 1, -1]], ValueError, r"token id -1 in sequence 1 at position 2"),
+    (torch.tensor([[7, 300, 2]]), ValueError, r"token id 300 in sequence 0 at position 1"),
+    (torch.rand(1, 4), TypeError, r"integers.*float32"),
+    ([[1.0, 2.5]], TypeError, r"prompts\[0\].*integers"),
+    ([torch.tensor([True, False])], TypeError, r"integers.*bool"),
+    (["hello"], TypeError, r"tokenize"),
+]
+
+
+def test_generate_refuses_bad_token_ids_and_stays_usable(eng, tiny_model, seed):
+    """Token ids out of [0, vocab_size) (ValueError naming the value, the sequence and the position) and
+    non-integer ids (TypeError) are refused before any kernel runs; a generate() after each refusal gives
+    the same tokens as before it (on a GPU an out-of-range id would otherwise be a device-side assert that
+    kills the process's CUDA context). ``prefill`` checks its ids too."""
+    engine = _engine(eng, tiny_model, max_batch=2, max_seq_len=16)
+    good = _prompts([3, 5], TINY["vocab_size"], seed)
+    first = engine.generate(good, 2).tolist()
+    for prompts, err, msg in BAD_IDS:
+        with pytest.raises(err, match=msg):
+            engine.generate(prompts, 2)
+    with pytest.raises(ValueError, match="position 3"):
+        engine.prefill(torch.tensor([[1, 2, 3, 999]], device=engine.device))
+    assert engine.generate(good, 2).tolist() == first, "generate() after refused inputs gave other tokens"
+
+
+# ============================================================ stop tokens, streaming, sampling
+ONE_LAYER = dict(TINY, n_layer=1, vocab_size=40)      # a small vocabulary: the interpreter samples ~20 rows/s
+
+
+@pytest.fixture(scope="module")
+def one_layer_model():
+    return random_gpt2(11, **ONE_LAYER)
+
+
+def hf_generate_with(model, prompt: list[int], n: int, **kw) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def test_eos_stops_each_sequence_and_streaming_gives_the_same_tokens(eng, one_layer_model, seed):
+    """eos_token_id (a list: one id each sequence produces early): every sequence's tokens up to its EOS
+    are transformers' greedy generate(eos_token_id=...) token for token (fp32), the ended sequences are
+    padded with pad_token_id, and generate() returns at the longest one's EOS, as transformers does, with
+    the host checking every 2 steps; stream() yields the same tokens step by step and stops there too."""
+    engine = _engine(eng, one_layer_model, max_batch=3, max_seq_len=40)
+    prompts = _prompts([5, 9, 2], ONE_LAYER["vocab_size"], seed)
+    n = 10
+    greedy = engine.generate(prompts, n).tolist()
+    eos = sorted({g[k] for g, k in zip(greedy, (2, 5, 4))})     # each sequence meets one of these early
+    got = engine.generate(prompts, n, eos_token_id=eos, pad_token_id=3, check_every=2).tolist()
+    want = [hf_generate_with(one_layer_model, p, n, do_sample=False, eos_token_id=eos, pad_token_id=3)
+            for p in prompts]
+    assert len(got[0]) == max(len(w) for w in want) < n, (
+        f"generate() returned {len(got[0])} steps; transformers' longest sequence ends after {max(map(len, want))}")
+    for i, w in enumerate(want):
+        assert got[i][:len(w)] == w, f"sequence {i}: engine {got[i]}, transformers {w} (eos {eos})"
+        assert all(t == 3 for t in got[i][len(w):]), f"sequence {i} after its EOS: {got[i][len(w):]}, expected pad 3"
+    steps = list(engine.stream(prompts, n, eos_token_id=eos, pad_token_id=3))
+    assert all(s.shape == (3,) and s.device.type == "cpu" for s in steps), "stream() yields int64 [B] on the host"
+    assert torch.stack(steps, 1).tolist() == got, "stream() and generate() disagree"
+    assert torch.stack(list(engine.stream(prompts, 4)), 1).tolist() == [g[:4] for g in greedy], \
+        "stream() without EOS: generate()'s greedy tokens"
+    with pytest.raises(ValueError, match="eos_token_id"):
+        engine.generate(prompts, 2, eos_token_id=ONE_LAYER["vocab_size"])
+
+
+def test_sampling_seeds_and_greedy_limits(eng, one_layer_model, seed):
+    """do_sample=True: top_k=1 and a temperature near 0 give the greedy tokens; the same seed (or a
+    torch.Generator in the same state) the same tokens, another seed other tokens; with an EOS, sampled
+    sequences end and are padded as greedy ones."""
+    engine = _engine(eng, one_layer_model, max_batch=2, max_seq_len=40)
+    prompts = _prompts([4, 7], ONE_LAYER["vocab_size"], seed)
+    n = 5
+    greedy = engine.generate(prompts, n).tolist()
+    assert engine.generate(prompts, n, do_sample=True, top_k=1, seed=5).tolist() == greedy, "top_k=1 is greedy"
+    assert engine.generate(prompts, n, do_sample=True, temperature=1e-4, seed=5).tolist() == greedy, \
+        "temperature 1e-4 is greedy"
+    a = engine.generate(prompts, n, do_sample=True, temperature=1.5, seed=123).tolist()
+    assert engine.generate(prompts, n, do_sample=True, temperature=1.5, seed=123).tolist() == a, "same seed, other tokens"
+    assert engine.generate(prompts, n, do_sample=True, temperature=1.5, seed=124).tolist() != a, \
+        "seeds 123 and 124 gave the same 10 sampled tokens"
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    assert engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g1).tolist() == \
+        engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g2).tolist(), "same generator state"
+    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            engine.generate(prompts, 2, do_sample=True, **bad)
+
+
+def _hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' sampling distribution for one row of logits (its warpers, in generate()'s order)."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    scores = logits.float().cpu()[None]
+    scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1)[0].double()
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square test of counts against probs (cells expected < 5 times pooled)."""
+    n = counts.sum()
+    exp = probs * n
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([exp[big], exp[~big].sum()[None]])
+    keep = exp > 0
+    chi = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), chi / 2)) if dof > 0 else 1.0
+
+
+#: (temperature, top_k, top_p); on a CPU (interpreted, ~50 ms a draw) the last one only, with fewer draws
+SAMPLING_CASES = [(1.0, 0, 1.0), (0.7, 6, 1.0), (1.3, 0, 0.8), (1.0, 12, 0.7)]
+DRAWS = 20000 if HAS_CUDA else 120
+
+
+def test_sampled_tokens_follow_transformers_distribution(eng, one_layer_model, seed):
+    """The engine's first-token distribution after a prompt (its prefill logits, its sampling kernel as
+    generate() calls it, DRAWS draws: one a row, each row its own random stream) against transformers'
+    do_sample distribution for the same prompt (its model's logits through its temperature, top-k and
+    top-p warpers): a chi-square test (p > 1e-3 at a fixed seed), and no draw outside top-k / the nucleus.
+    On a GPU every case of SAMPLING_CASES with 20000 draws; on a CPU the top-p case."""
+    engine = _engine(eng, one_layer_model, max_batch=1, max_seq_len=40)
+    samp = eng.sample
+    prompt = _prompts([6], ONE_LAYER["vocab_size"], seed)[0]
+    ids, lengths = engine.pad([prompt])
+    logits = engine.prefill(ids, lengths)
+    with torch.no_grad():
+        hf_logits_last = one_layer_model(torch.tensor([prompt])).logits[0, -1]
+    n = DRAWS
+    rows = logits.expand(n, -1).contiguous()
+    positions = torch.full((n,), len(prompt), dtype=torch.int32, device=engine.device)
+    for t, k, p in SAMPLING_CASES if HAS_CUDA else SAMPLING_CASES[2:3]:
+        params = eng.SamplingParams(t, k, p).tensor(engine.device)
+        tok = samp(rows, params, torch.tensor([1234], device=engine.device), positions).cpu()
+        probs = _hf_probs(hf_logits_last, t, k, p)
+        counts = torch.bincount(tok, minlength=ONE_LAYER["vocab_size"]).double()
+        outside = int(counts[probs == 0].sum())
+        assert outside == 0, f"T={t} top_k={k} top_p={p}: {outside} of {n} draws outside the kept tokens"
+        pv = _chi_square_p(counts, probs)
+        assert pv > 1e-3, f"T={t} top_k={k} top_p={p}: chi-square p-value {pv:.1e} (engine draws vs transformers)"
+
+
+@pytest.mark.given
+def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
+    """sampling.sample (given code) on an 8-token vocabulary (a GPU: 200): draws (one a row) at a fixed
+    seed match softmax(logits / T) after top-k / top-p (chi-square, p > 1e-3), top-p and top-k never draw
+    outside the kept tokens, the draws differ between rows and repeat with the seed."""
+    smp = impl.load("a08_gpt2_inference.sampling")
+    g = torch.Generator().manual_seed(seed)
+    v, n = (200, 50000) if HAS_CUDA else (8, 100)
+    logits = torch.randn(v, generator=g) * 2
+    rows = logits.to(DEVICE).expand(n, -1).contiguous()
+    pos = torch.arange(n, dtype=torch.int32, device=DEVICE) % 7
+    key = torch.tensor([seed], device=DEVICE)
+    for t, k, p in [(1.0, 0, 1.0), (0.6, 0, 0.75), (1.0, 3, 1.0)]:
+        m = n if HAS_CUDA or k == 0 else 20          # interpreted top-k: ~4x slower a draw; support only
+        tok = smp.sample(rows[:m], smp.SamplingParams(t, k, p).tensor(DEVICE), key, pos[:m]).cpu()
+        probs = _hf_probs(logits, t, k, p)
+        counts = torch.bincount(tok, minlength=v).double()
+        assert int(counts[probs == 0].sum()) == 0, f"T={t} top_k={k} top_p={p}: draws outside the kept tokens"
+        if m == n:
+            pv = _chi_square_p(counts, probs)
+            assert pv > 1e-3, f"T={t} top_k={k} top_p={p}: chi-square p-value {pv:.1e}"
+    first = smp.sample(rows[:30], smp.SamplingParams().tensor(DEVICE), key, pos[:30]).cpu()
+    assert torch.equal(first, smp.sample(rows[:30], smp.SamplingParams().tensor(DEVICE), key, pos[:30]).cpu())
+    assert len(set(first.tolist())) > 2, "30 rows drew (almost) the same token: the rows share a random stream"
 
 
 # ============================================================ GPU: GPT-2 small's shape, graphs, memory
@@ -647,3 +845,20 @@ def test_engine_gemv_and_pdl_switches_give_the_same_tokens(eng, small_model, see
         assert got == want, (f"engine {kw or 'default'} (pdl={engine.pdl}): first difference at new token "
                              f"{next(j for j in range(32) if got[j] != want[j])}")
 
+
+@pytest.mark.gpu
+def test_bad_token_ids_on_the_gpu_keep_the_cuda_context(eng, tiny_model, seed):
+    """On the GPU: ids on the host or on the device, out of range (the id vocab_size, a negative one) or
+    floats, are refused with a clear error; prompts on the CPU are moved; every later generate() works."""
+    engine = eng.GPT2Engine.from_hf(tiny_model, dtype=torch.float32, device="cuda", max_batch=2, max_seq_len=16)
+    good = _prompts([3, 5], TINY["vocab_size"], seed)
+    first = engine.generate(good, 3).tolist()
+    for prompts, err, msg in BAD_IDS + [(torch.tensor([[1, 2, 257]], device="cuda"), ValueError, "token id 257"),
+                                        (torch.tensor([[1, -5]], device="cuda"), ValueError, "token id -5"),
+                                        (torch.rand(1, 4, device="cuda"), TypeError, "integers")]:
+        with pytest.raises(err, match=msg):
+            engine.generate(prompts, 3)
+        assert engine.generate(good, 3).tolist() == first, f"generate() after refusing {prompts!r} gave other tokens"
+    on_cpu = torch.tensor([good[0]])
+    assert engine.generate(on_cpu, 3).tolist()[0] == first[0], "a prompt tensor on the CPU is moved to the GPU"
+    torch.cuda.synchronize()

@@ -36,6 +36,7 @@ import triton.language as tl
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
 from common.launch import cdiv, next_power_of_2
+from common.triton_helpers import dim_mask
 
 LOG2E = 1.4426950408889634
 
@@ -44,25 +45,28 @@ LOG2E = 1.4426950408889634
 def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
                   sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
                   H, qk_scale,
-                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
+                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
     """Program (split, b·h). Keys of sequence b: positions [0, LENS[b]); this split takes the
     slice [split·per, min((split+1)·per, LENS[b])) with per = cdiv(cdiv(LENS[b], NUM_SPLITS),
     BLOCK_N)·BLOCK_N. qk_scale = log2(e)/sqrt(d). Partial results: O_PART[b·h, split, :]
     (normalised, fp32) and L_PART[b·h, split] (log2-sum-exp2 of the scaled scores, -inf if the
     slice is empty). NUM_SPLITS == 1: write O[b, h, :] (out dtype) directly instead.
-    The last dim of every tensor is contiguous (stride 1)."""
+    The last dim of every tensor is contiguous (stride 1). The head dim HEAD_DIM is padded to
+    BLOCK_D (a power of two): columns d >= HEAD_DIM are masked (O_PART rows are HEAD_DIM long)."""
     if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
         tl.extra.cuda.gdc_wait()                   # then let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 2a (one split of the keys). Program (split, bh): b = bh // H, h = bh % H.
     #   1. length = LENS[b]; per = cdiv(cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N;
     #      this program's keys are [split * per, min(split * per + per, length)) (maybe empty).
-    #   2. q = Q[b, h, :] in fp32, times qk_scale (scores then come out in log2 units).
+    #   2. q = Q[b, h, :] in fp32, times qk_scale (scores then come out in log2 units). Head dims: offs_d =
+    #      arange(0, BLOCK_D), masked with d_ok = dim_mask(HEAD_DIM, BLOCK_D) in every load and store.
     #   3. Online softmax over the slice in chunks of BLOCK_N keys [BLOCK_N, HEAD_DIM] (mask keys
     #      past the slice's end; masked scores are -inf): s = sum(k * q, axis=1);
     #      m_new = max(m, max s); p = exp2(s - m_new); alpha = exp2(m - m_new);
     #      l = l * alpha + sum p; acc = acc * alpha + sum(p[:, None] * v, axis=0); m = m_new.
-    #      (m starts at -inf and l at 0 as fp32 scalars, acc as HEAD_DIM zeros.)
+    #      (m starts at -inf and l at 0 as fp32 scalars, acc as BLOCK_D zeros.)
     #   4. NUM_SPLITS == 1: O[b, h, :] = acc / l (O's dtype). Otherwise write the partial results:
     #      O_PART[bh * NUM_SPLITS + split, :] = acc / l (fp32), L_PART[...] = m + log2(l);
     #      an empty slice writes 0 and -inf.
@@ -72,22 +76,25 @@ def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
 @triton.jit
 def _decode_combine(O_PART, L_PART, O, sob, soh, H,
                     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    USE_PDL: tl.constexpr):
+                    USE_PDL: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program b·h: O[b, h, :] = sum_s 2^(L_s - L) · O_PART[b·h, s, :], L = log2 sum_s 2^L_s,
     over the NUM_SPLITS partial results (SPLITS_P2: NUM_SPLITS rounded up to a power of 2).
-    Empty splits have L_s = -inf and weigh nothing; split 0 is never empty."""
+    Empty splits have L_s = -inf and weigh nothing; split 0 is never empty. HEAD_DIM padded to BLOCK_D
+    with masks, as in _decode_split."""
     if USE_PDL:   # given: programmatic dependent launch, as in _decode_split
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 2b (combine the splits). Program bh:
     #   L_s = L_PART[bh * NUM_SPLITS + s] for s < NUM_SPLITS (tl.arange(0, SPLITS_P2), masked, -inf);
-    #   m = max_s L_s; w_s = exp2(L_s - m); O[b, h, :] = sum_s w_s * O_PART[...s, :] / sum_s w_s.
+    #   m = max_s L_s; w_s = exp2(L_s - m); O[b, h, :] = sum_s w_s * O_PART[...s, :] / sum_s w_s
+    #   (head dims arange(0, BLOCK_D) masked with dim_mask(HEAD_DIM, BLOCK_D), as in kernel 2a).
     #   Empty splits (L_s = -inf) get weight 0: do not let their partial output (0 * NaN) leak in.
     pass
 
 
 # ==================================================================== launch (given)
-HEAD_DIMS = (16, 32, 64, 128)
+#: Any head dim up to this (padded to a power of two with masks: 80 and 96 run in 128-wide blocks)
+MAX_HEAD_DIM = 256
 #: Keys per inner step: the interpreter is fastest with few, large steps; on a GPU 64 keys x d
 #: fp16 is a 8 KB tile per load, enough bytes in flight per program.
 BLOCK_N = 16 if TRITON_INTERPRET else 64
@@ -140,8 +147,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                          f"got {tuple(k_cache.shape)}")
     if lengths.shape[0] != b:
         raise ValueError(f"lengths: expected one length per sequence ({b},), got {tuple(lengths.shape)}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head dim d={d} is not supported; expected one of {HEAD_DIMS}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim d={d} is not supported; expected 1 <= d <= {MAX_HEAD_DIM}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
@@ -168,9 +175,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
                               h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
-                              USE_PDL=use_pdl, num_warps=split_warps(d), **launch)
+                              USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=split_warps(d), **launch)
     if n > 1:
         _decode_combine[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
                                   NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
-                                  num_warps=1, **launch)
+                                  BLOCK_D=next_power_of_2(d), num_warps=1, **launch)
     return out

@@ -5,6 +5,10 @@
     hf = GPT2LMHeadModel.from_pretrained("gpt2")            # or GPT2LMHeadModel(GPT2Config(...))
     engine = GPT2Engine.from_hf(hf, dtype=torch.bfloat16, max_batch=8, max_seq_len=1024)
     new_tokens = engine.generate([prompt_a, prompt_b], max_new_tokens=64)   # greedy, [B, 64]
+    engine.generate(prompts, 64, do_sample=True, temperature=0.8, top_k=50, top_p=0.95, seed=0,
+                    eos_token_id=50256)                      # sampled on the GPU; each sequence stops at EOS
+    for step in engine.stream(prompts, 64):                   # each step's new tokens [B], on the host
+        ...
 
 Inference has two phases, and they want different kernels:
 
@@ -49,13 +53,16 @@ programmatic dependent launch, so each one's launch overlaps the tail of the one
 Batches of prompts with different lengths are right-padded to the longest: causal
 attention keeps every real token from seeing the padding after it, each sequence's
 logits are read at its own last token, and from then on ``lengths[b]`` tells decode
-attention how many cache positions of sequence b are real. Generation is greedy and
-stops after ``max_new_tokens`` (no end-of-text stop: every sequence gets that many).
+attention how many cache positions of sequence b are real. Generation is greedy, or sampled
+(``do_sample``: temperature, top-k, top-p, a seed; sampling.py, inside the captured step);
+with ``eos_token_id`` each sequence stops at its end-of-sequence token (later steps give it the
+pad id) and generate() returns once all have stopped; stream() yields each step's tokens.
+Token ids are checked (range, integer dtype) before any kernel runs.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +73,12 @@ from common.checks import FLOAT_DTYPES
 
 from ..a06_matmul.matmul_triton import matmul
 from ..a07_flash_attention.flash_triton import attention_forward
-from .decode_attention import decode_attention
+from .decode_attention import MAX_HEAD_DIM, decode_attention
 from .gemv import MAX_ROWS as GEMV_ROWS
 from .gemv import gemv
 from .kv_cache import KVCache, write_kv
 from .layernorm import add_layernorm
+from .sampling import SamplingParams, sample
 
 
 #: Under the CPU interpreter every program costs milliseconds of Python: wide tiles, few programs.
@@ -103,6 +111,12 @@ class Layer:
     fc_proj_b: torch.Tensor
 
 
+def _check_integer(ids: torch.Tensor, name: str) -> None:
+    """TypeError unless ``ids`` holds integers (bool and floating-point ids are refused, never rounded)."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name}: token ids must be integers, got a tensor of {ids.dtype}")
+
+
 class GPT2Engine:
     """Greedy GPT-2 generation with a static KV cache, on the course's kernels."""
 
@@ -119,7 +133,7 @@ class GPT2Engine:
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.cache = KVCache(self.n_layer, max_batch, n_head, self.head_dim, max_seq_len, self.dtype, self.device)
         self.batch = 0                   # sequences in flight (set by prefill)
-        self._graphs: dict = {}            # decode: B -> graph; prefill: ("prefill", B, T)
+        self._graphs: dict = {}            # decode: (B, mode) -> graph; prefill: ("prefill", B, T)
         # fp32 runs compare token for token with transformers' fp32 (cuBLAS without TF32): keep
         # every dot in IEEE fp32 then. 16-bit inputs use the tensor cores as usual.
         self._tf32 = False
@@ -134,6 +148,12 @@ class GPT2Engine:
                     self._k_major[id(w)] = w.t().contiguous().t()
         #: programmatic dependent launch for the decode step's a08 kernels (gemv.PDL_NOTES)
         self.pdl = resolve_pdl(pdl, self.device)
+        # generation state the captured steps read (device buffers: a replay picks up new values)
+        self._seed = torch.zeros(1, dtype=torch.long, device=self.device)          # sampling's Philox key
+        self._params = SamplingParams().tensor(self.device)                        # temperature, top_k, top_p
+        self._done = torch.zeros(max_batch, dtype=torch.bool, device=self.device)  # sequence ended (EOS)
+        self._eos = torch.full((self.MAX_EOS,), -1, dtype=torch.long, device=self.device)
+        self._pad_id = torch.zeros((), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ loading (given)
     @classmethod
@@ -155,6 +175,11 @@ class GPT2Engine:
             problems.append("attention scaling other than 1/sqrt(d)")
         if getattr(cfg, "add_cross_attention", False):
             problems.append("cross-attention")
+        if cfg.n_embd % cfg.n_head:
+            problems.append(f"n_embd={cfg.n_embd} is not a multiple of n_head={cfg.n_head}")
+        elif cfg.n_embd // cfg.n_head > MAX_HEAD_DIM:
+            problems.append(f"head size {cfg.n_embd // cfg.n_head} (n_embd / n_head): the attention kernels take head "
+                            f"sizes up to {MAX_HEAD_DIM} (a power of two or not: 80 and 96 run padded to 128)")
         if problems:
             raise ValueError(f"from_hf: this GPT-2 config is not supported: {'; '.join(problems)}")
         tr = model.transformer
@@ -204,8 +229,9 @@ class GPT2Engine:
                 all_logits: bool = False, cuda_graph: bool = False) -> torch.Tensor:
         """Run the prompts, fill the KV cache, and return the logits that pick the first new token.
 
-        ids: int64 [B, T] on the engine's device, right-padded (any token id after a
-        sequence's end); lengths: each prompt's real length (default: all T). Starts a new
+        ids: int64 [B, T] on the engine's device, right-padded (any valid token id after a
+        sequence's end); every id in [0, vocab_size), else ValueError (one check per call, before
+        any kernel runs); lengths: each prompt's real length (default: all T). Starts a new
         batch: the cache's old contents are forgotten. Returns [B, vocab], the logits at each
         sequence's last real token; ``all_logits=True``: [B, T, vocab] at every position
         (padding positions hold garbage). ``cuda_graph=True`` (what generate() does on a GPU)
@@ -318,44 +344,165 @@ class GPT2Engine:
         raise NotImplementedError("a08: write GPT2Engine.decode_step")
 
     # ------------------------------------------------------------------ generation (given)
-    def generate(self, prompts, max_new_tokens: int, *, cuda_graph: bool | None = None) -> torch.Tensor:
-        """Greedy generation: int64 [B, max_new_tokens], the new tokens of each prompt.
+    #: The mode of a plain generate(): greedy, no EOS (the decode graph's key is (B, mode))
+    GREEDY = (False, False)
+    #: At most this many end-of-sequence ids (transformers takes a list)
+    MAX_EOS = 8
+    #: generate() looks on the host whether every sequence has ended once per this many steps
+    CHECK_EVERY = 8
+
+    def generate(self, prompts, max_new_tokens: int, *, cuda_graph: bool | None = None, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 generator: torch.Generator | None = None, eos_token_id: int | Sequence[int] | None = None,
+                 pad_token_id: int | None = None, check_every: int | None = None) -> torch.Tensor:
+        """Generate up to ``max_new_tokens`` tokens per prompt: int64 [B, n] on the device, n <= max_new_tokens.
 
         prompts: a list of 1-D token-id sequences (lists or tensors, lengths may differ) or an
         int64 [B, T] tensor (all length T). cuda_graph (default: on a GPU) captures the decode
-        step once per batch size and replays it, and replays short prompts' prefill from a graph
-        per (B, padded T); False runs both eagerly (the profile's "before").
+        step once per batch size and kind of step and replays it, and replays short prompts' prefill
+        from a graph per (B, padded T); False runs both eagerly (the profile's "before").
+
+        Greedy by default. ``do_sample=True`` draws each token on the GPU (sampling.py, inside the
+        captured step) after transformers' filters: ``temperature``, ``top_k`` (0: off), ``top_p``
+        (1: off); the random stream is keyed by ``seed`` (or a draw from ``generator``, or from
+        torch's global generator) and by each token's sequence and position: same seed, same tokens.
+
+        ``eos_token_id`` (an id or a list): a sequence that produces it has ended; its later tokens
+        are ``pad_token_id`` (default: the first eos id), and generation returns once every sequence
+        has ended (looked at on the host every ``check_every`` steps, default CHECK_EVERY: a sync each
+        time), n = the longest sequence's length, EOS included, as transformers returns it.
         """
+        b, use_graph, mode, tok = self._begin(prompts, max_new_tokens, cuda_graph, do_sample, temperature, top_k,
+                                              top_p, seed, generator, eos_token_id, pad_token_id)
+        every = self.CHECK_EVERY if check_every is None else check_every
+        if every < 1:
+            raise ValueError(f"check_every: expected >= 1, got {every}")
+        out = torch.empty(b, max_new_tokens, dtype=torch.long, device=self.device)
+        out[:, 0] = tok
+        n = max_new_tokens
+        for i in range(1, max_new_tokens):
+            if mode[1] and i % every == 0 and bool(self._done[:b].all()):   # a host sync, every few steps
+                n = i
+                break
+            tok = self._step(i, b, use_graph, mode, tok)
+            out[:, i] = tok
+        out = out[:, :n]
+        if mode[1]:              # cut the steps run after the last sequence ended (one sync)
+            hit = (out[:, :, None] == self._eos).any(-1)
+            ends = torch.where(hit.any(1), hit.int().argmax(1) + 1, n)
+            out = out[:, :int(ends.max())]
+        return out
+
+    def stream(self, prompts, max_new_tokens: int, **options) -> Iterator[torch.Tensor]:
+        """generate() one step at a time: yields each step's new tokens, int64 [B] on the host, as soon
+        as they exist (a host sync per step), until max_new_tokens or every sequence has ended. The same
+        options and the same tokens as :meth:`generate` (``check_every`` does not apply). The prompts are
+        checked and prefilled at the call; the engine's cache is the stream's until it ends."""
+        options.pop("check_every", None)
+        b, use_graph, mode, tok = self._begin(prompts, max_new_tokens, options.pop("cuda_graph", None), **options)
+        return self._stream(b, use_graph, mode, tok, max_new_tokens)
+
+    def _stream(self, b, use_graph, mode, tok, max_new_tokens) -> Iterator[torch.Tensor]:
+        eos = set(self._eos.tolist()) - {-1}
+        ended = [False] * b
+        for i in range(max_new_tokens):
+            if i:
+                tok = self._step(i, b, use_graph, mode, tok)
+            host = tok.cpu()
+            yield host
+            ended = [e or t in eos for e, t in zip(ended, host.tolist())]
+            if eos and all(ended):
+                return
+
+    def _begin(self, prompts, max_new_tokens, cuda_graph=None, do_sample=False, temperature=1.0, top_k=0, top_p=1.0,
+               seed=None, generator=None, eos_token_id=None, pad_token_id=None):
+        """Check the request, set the sampling and EOS buffers, prefill: (B, use_graph, mode, first tokens)."""
         ids, lengths = self.pad(prompts)
         b = len(lengths)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
         if max(lengths) + max_new_tokens - 1 > self.max_seq_len:
             raise ValueError(f"a prompt of {max(lengths)} tokens + {max_new_tokens} new ones needs "
                              f"{max(lengths) + max_new_tokens - 1} cache positions; max_seq_len is {self.max_seq_len}")
         use_graph = (self.device.type == "cuda") if cuda_graph is None else cuda_graph
         if use_graph and self.device.type != "cuda":
             raise ValueError(f"generate(cuda_graph=True): CUDA graphs need a CUDA device; this engine is on {self.device}")
-        out = torch.empty(b, max_new_tokens, dtype=torch.long, device=self.device)
-        tok = self.prefill(ids, lengths, cuda_graph=use_graph).argmax(-1)
-        out[:, 0] = tok
-        for i in range(1, max_new_tokens):
-            if use_graph and (b in self._graphs or i > 1):   # step 1 ran eagerly: kernels compiled, tuned
-                tok = self._replay(b, tok)
-            else:
-                tok = self.decode_step(tok).argmax(-1)
-            self.cache.host_lengths[:b] = [n + 1 for n in self.cache.host_lengths[:b]]
-            out[:, i] = tok
-        return out
+        if do_sample:
+            params = SamplingParams(temperature, top_k, top_p)       # checks them
+            if generator is not None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            elif seed is None:
+                seed = int(torch.randint(0, 2**62, (1,)))
+            elif not isinstance(seed, int):
+                raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+            self._params.copy_(params.tensor("cpu"))
+            self._seed.fill_(seed)
+        eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if eos_token_id is not None:
+            if not eos or len(eos) > self.MAX_EOS or not all(isinstance(e, int) and 0 <= e < self.vocab_size for e in eos):
+                raise ValueError(f"eos_token_id: expected 1 to {self.MAX_EOS} ids in [0, {self.vocab_size}), got {eos_token_id!r}")
+            pad = eos[0] if pad_token_id is None else pad_token_id
+            if not isinstance(pad, int) or not 0 <= pad < self.vocab_size:
+                raise ValueError(f"pad_token_id: expected an id in [0, {self.vocab_size}), got {pad!r}")
+            self._eos.copy_(torch.tensor(eos + [-1] * (self.MAX_EOS - len(eos))))
+            self._pad_id.fill_(pad)
+            self._done[:b] = False
+        else:
+            self._eos.fill_(-1)
+        mode = (bool(do_sample), eos_token_id is not None)
+        tok = self._next_token(self.prefill(ids, lengths, cuda_graph=use_graph), b, mode)
+        return b, use_graph, mode, tok
+
+    def _next_token(self, logits: torch.Tensor, b: int, mode: tuple[bool, bool]) -> torch.Tensor:
+        """The next token of each sequence from its logits [B, vocab]: greedy (argmax) or sampled (the
+        position it takes keys the random stream); with EOS, ended sequences get the pad id. Device
+        work only: it is part of the captured decode step."""
+        do_sample, eos = mode
+        if do_sample:
+            tok = sample(logits, self._params, self._seed, self.cache.lengths[:b])
+        else:
+            tok = logits.argmax(-1)
+        if eos:
+            done = self._done[:b]
+            tok = torch.where(done, self._pad_id, tok)
+            done |= (tok[:, None] == self._eos).any(-1)
+        return tok
+
+    def _step(self, i: int, b: int, use_graph: bool, mode: tuple[bool, bool], tok: torch.Tensor) -> torch.Tensor:
+        """Decode step i (>= 1) of a generation: the next tokens [B] after ``tok``."""
+        if use_graph and ((b, mode) in self._graphs or i > 1):   # step 1 ran eagerly: kernels compiled, tuned
+            tok = self._replay(b, mode, tok)
+        else:
+            tok = self._next_token(self.decode_step(tok), b, mode)
+        self.cache.host_lengths[:b] = [n + 1 for n in self.cache.host_lengths[:b]]
+        return tok
 
     def pad(self, prompts) -> tuple[torch.Tensor, list[int]]:
-        """Right-pad prompts to [B, T] int64 on the device; returns (ids, lengths)."""
+        """Right-pad prompts to [B, T] int64 on the device; returns (ids, lengths).
+
+        Token ids must be integers (TypeError otherwise: a float id is never rounded silently); a tensor
+        on another device is moved to the engine's. Their range is checked by :meth:`prefill`."""
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() != 2:
                 raise ValueError(f"prompts: expected [B, T] token ids, got shape {tuple(prompts.shape)}")
+            _check_integer(prompts, "prompts")
             return prompts.to(self.device, torch.long), [prompts.shape[1]] * prompts.shape[0]
-        seqs = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
-        if not seqs or any(len(s) == 0 for s in seqs):
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"prompts: expected a list of token-id sequences or an int64 [B, T] tensor, "
+                            f"got {type(prompts).__name__}")
+        seqs = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, (str, bytes)):
+                raise TypeError(f"prompts[{i}]: expected token ids (integers), got a {type(p).__name__}: tokenize first")
+            try:
+                s = p if isinstance(p, torch.Tensor) else torch.as_tensor(p)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise TypeError(f"prompts[{i}]: expected a sequence of token ids (integers), got {p!r:.80}") from e
+            if s.numel() == 0:
+                raise ValueError("prompts: expected one or more non-empty token sequences")
+            _check_integer(s, f"prompts[{i}]")
+            seqs.append(s.flatten().to("cpu", torch.long))
+        if not seqs:
             raise ValueError("prompts: expected one or more non-empty token sequences")
         t = max(len(s) for s in seqs)
         ids = torch.zeros(len(seqs), t, dtype=torch.long)
@@ -376,18 +523,33 @@ class GPT2Engine:
             raise ValueError(f"prompt length {t}: expected 1 to max_seq_len={self.max_seq_len}")
         if lengths is not None and (len(lengths) != b or not all(1 <= n <= t for n in lengths)):
             raise ValueError(f"lengths: expected {b} lengths in 1..{t}, got {list(lengths)}")
+        self._check_token_range(ids)
         return b, t
 
-    def _replay(self, b: int, tok: torch.Tensor) -> torch.Tensor:
-        """One decode step by CUDA-graph replay (captured on first use for batch size b)."""
-        if b not in self._graphs:
+    def _check_token_range(self, ids: torch.Tensor) -> None:
+        """ValueError unless every id (padding included) lies in [0, vocab_size), before any kernel runs:
+        an id out of range would make the embedding read out of bounds (on a GPU: a device-side assert
+        that kills the process's CUDA context). One reduction and one host sync (.tolist()) per call;
+        the search for the culprit runs only when there is one."""
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+        if lo >= 0 and hi < self.vocab_size:
+            return
+        bad = ((ids < 0) | (ids >= self.vocab_size)).nonzero()[0].tolist()
+        raise ValueError(f"token id {ids[bad[0], bad[1]].item()} in sequence {bad[0]} at position {bad[1]} is out of "
+                         f"range: expected 0 <= id < vocab_size={self.vocab_size}")
+
+    def _replay(self, b: int, mode: tuple[bool, bool], tok: torch.Tensor) -> torch.Tensor:
+        """One decode step and its token choice by CUDA-graph replay (captured on first use for batch size
+        b and mode = (sampled, with EOS))."""
+        key = (b, mode)
+        if key not in self._graphs:
             static_tok = tok.clone()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):              # records the kernels; runs nothing
-                nxt = self.decode_step(static_tok).argmax(-1)
+                nxt = self._next_token(self.decode_step(static_tok), b, mode)
                 static_tok.copy_(nxt)                  # the next replay starts from this token
-            self._graphs[b] = (graph, static_tok)
-        graph, static_tok = self._graphs[b]
+            self._graphs[key] = (graph, static_tok)
+        graph, static_tok = self._graphs[key]
         if tok is not static_tok:                      # after the first replay it already is
             static_tok.copy_(tok)
         graph.replay()

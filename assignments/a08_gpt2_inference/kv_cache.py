@@ -29,21 +29,23 @@ import triton.language as tl
 from common import pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
 from common.launch import cdiv, next_power_of_2
+from common.triton_helpers import dim_mask
 
 
 @triton.jit
 def _write_kv_kernel(QKV, K_CACHE, V_CACHE, START, T, H, S_MAX, s_row, s_cb, s_ch, s_cn,
-                     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (b·T + t): token t of sequence b. QKV row b·T + t (row stride s_row) holds
     [q | k | v], C = H·HEAD_DIM each, head h at columns h·HEAD_DIM... of its part.
     K_CACHE[b, h, START[b] + t, :] = k[h, :] and V_CACHE likewise for every head h
     (cache strides s_cb, s_ch, s_cn; last dim contiguous; the two caches share strides).
-    Positions >= S_MAX are not written."""
+    Positions >= S_MAX are not written. HEAD_DIM is padded to BLOCK_D (a power of two) with a mask."""
     if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
         tl.extra.cuda.gdc_wait()                   # then let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 3 (append K and V to the cache). Program `row` = b * T + t:
-    #   pos = START[b] + t. For every head h < H (tl.arange(0, BLOCK_H), masked) and d < HEAD_DIM:
+    #   pos = START[b] + t. For every head h < H (tl.arange(0, BLOCK_H), masked) and d < HEAD_DIM
+    #   (tl.arange(0, BLOCK_D), masked with dim_mask(HEAD_DIM, BLOCK_D)):
     #   K_CACHE[b, h, pos, d] = QKV[row, C + h * HEAD_DIM + d] and
     #   V_CACHE[b, h, pos, d] = QKV[row, 2 * C + h * HEAD_DIM + d], with C = H * HEAD_DIM.
     #   Row `row` of QKV starts at QKV + row * s_row; cache element [b, h, pos, d] is at
@@ -80,7 +82,7 @@ def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, st
     use_pdl = bool(pdl) and pdl_supported(qkv.device)
     _write_kv_kernel[(b * t,)](qkv, k_cache, v_cache, start, t, h, s_max, qkv.stride(1),
                                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                               HEAD_DIM=d, BLOCK_H=next_power_of_2(h), num_warps=4,
+                               HEAD_DIM=d, BLOCK_H=next_power_of_2(h), num_warps=4, BLOCK_D=next_power_of_2(d),
                                USE_PDL=use_pdl, **(dict(launch_pdl=True) if use_pdl else {}))
 
 

@@ -46,8 +46,12 @@ from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
 from common.launch import cdiv
 from common.timing import compile_together
+from common.triton_helpers import dim_mask
 
+#: Head dims of the backward kernels (and of the tables' measured configs)
 HEAD_DIMS = (16, 32, 64, 128)
+#: The forward takes any head dim up to this, padded to a power of two (>= 16) with masks
+MAX_FWD_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 
 
@@ -56,10 +60,14 @@ LOG2E = 1.4426950408889634
 def _attn_fwd(Q, K, V, O, LSE,
               sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, soz, soh, som, sod,
               H, N_Q, N_K, qk_scale,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """O[zh, tile] and LSE[zh, tile] for one query tile. qk_scale = log2(e)/sqrt(d)."""
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr):
+    """O[zh, tile] and LSE[zh, tile] for one query tile. qk_scale = log2(e)/sqrt(d). The head dim
+    HEAD_DIM is padded to BLOCK_D (a power of two, >= 16): columns d >= HEAD_DIM are masked."""
     # TODO(a07): kernel 1 (forward). Program (pid_m, zh): query rows m0 = pid_m·BLOCK_M ..,
     #   batch z = zh // H, head h = zh % H (offset the pointers with the strides).
+    #   0. Head dims 0..BLOCK_D (a power of two), d_ok = dim_mask(HEAD_DIM, BLOCK_D) (all True when HEAD_DIM
+    #      is one): AND it into every load's and store's mask (other=0: the padded columns add 0 to q·kᵀ).
     #   1. Load the q tile (rows >= N_Q masked to 0). m_i = -inf, l_i = 0, acc = 0, all fp32.
     #   2. Key tiles [0, n_full): no mask. [n_full, hi): the causal diagonal band (query i sees
     #      keys j <= i + N_K - N_Q) and the ragged last tile, masked to -inf. Tiles past hi: skipped.
@@ -83,15 +91,16 @@ def _attn_fwd(Q, K, V, O, LSE,
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = dim_mask(HEAD_DIM, BLOCK_D)[None, :]             # constant True when HEAD_DIM == BLOCK_D
     row_ok = offs_m < N_Q
-    q = tl.load(Q + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+    q = tl.load(Q + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None] & d_ok, other=0.0)
     k_ptrs = K + offs_n[:, None] * skn + offs_d[None, :] * skd
     v_ptrs = V + offs_n[:, None] * svn + offs_d[None, :] * svd
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # running max of s·log2(e)
     l_i = tl.zeros([BLOCK_M], tl.float32)                  # running sum of 2^(s - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     # Key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or
     # the ragged last key tile. Causal: query i sees keys j <= i + (N_K - N_Q).
@@ -106,20 +115,20 @@ def _attn_fwd(Q, K, V, O, LSE,
 
     for start_n in range(0, n_full, BLOCK_N):              # full tiles, no mask
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = tl.load(k_ptrs + start_n * skn)
+        k = tl.load(k_ptrs + start_n * skn, mask=d_ok, other=0.0)
         qk = tl.dot(q, tl.trans(k))
         m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptrs + start_n * svn)
+        v = tl.load(v_ptrs + start_n * svn, mask=d_ok, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_ij
 
     for start_n in range(n_full, hi, BLOCK_N):             # diagonal band / ragged tile, masked
         cols = start_n + offs_n
         col_ok = cols < N_K
-        k = tl.load(k_ptrs + start_n * skn, mask=col_ok[:, None], other=0.0)
+        k = tl.load(k_ptrs + start_n * skn, mask=col_ok[:, None] & d_ok, other=0.0)
         qk = tl.dot(q, tl.trans(k))
         keep = col_ok[None, :]
         if CAUSAL:
@@ -130,7 +139,7 @@ def _attn_fwd(Q, K, V, O, LSE,
         p = tl.math.exp2(qk - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None] & d_ok, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_ij
 
@@ -138,7 +147,7 @@ def _attn_fwd(Q, K, V, O, LSE,
     l_safe = tl.where(seen, l_i, 1.0)
     acc = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
-    tl.store(O + offs_m[:, None] * som + offs_d[None, :] * sod, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(O + offs_m[:, None] * som + offs_d[None, :] * sod, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok)
     tl.store(LSE + zh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
     # END TODO(a07)
 
@@ -460,8 +469,14 @@ def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool) -> None:
     raise OutOfResources(0, 0, f"shared memory: no config of {kernel.__name__} down to 16x16 tiles fits this GPU")
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """What the Triton kernels accept (given code)."""
+def fwd_block_d(d: int) -> int:
+    """The forward's padded head dim: d rounded up to a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = True) -> None:
+    """What the Triton kernels accept (given code): the forward any head dim up to MAX_FWD_HEAD_DIM,
+    the backward (``backward=True``) those of HEAD_DIMS."""
     check_tensor(q, "q", dtypes=FLOAT_DTYPES, min_ndim=2)
     check_tensor(k, "k", dtypes=FLOAT_DTYPES, min_ndim=2)
     check_tensor(v, "v", dtypes=FLOAT_DTYPES, min_ndim=2)
@@ -472,8 +487,12 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q [..., Nq, d] and k [..., Nk, d] must share leading dims and d, "
                          f"got {tuple(q.shape)} and {tuple(k.shape)}")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"head dim d={q.shape[-1]} is not supported; expected one of {HEAD_DIMS}")
+    d = q.shape[-1]
+    if backward and d not in HEAD_DIMS:
+        raise ValueError(f"head dim d={d} is not supported by the backward kernels; expected one of {HEAD_DIMS} "
+                         f"(the forward alone, attention_forward, takes any d up to {MAX_FWD_HEAD_DIM})")
+    if not 1 <= d <= MAX_FWD_HEAD_DIM:
+        raise ValueError(f"head dim d={d} is not supported; expected 1 <= d <= {MAX_FWD_HEAD_DIM}")
     if q.shape[-2] == 0 or k.shape[-2] == 0:
         raise ValueError(f"empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
 
@@ -510,7 +529,7 @@ _DEFAULT = _options[0]
 
 
 def _forward_plan(q, k, v, is_causal: bool, allow_tf32: bool) -> tuple:
-    check_inputs(q, k, v)
+    check_inputs(q, k, v, backward=False)
     q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
     Z, H, nq, d = q4.shape
     nk = k4.shape[2]
@@ -522,7 +541,7 @@ def _forward_plan(q, k, v, is_causal: bool, allow_tf32: bool) -> tuple:
         # (and the option is part of the compiled kernel's cache key). The interpreter is IEEE anyway.
         cfg["allowed_dot_input_precisions"] = ("ieee",)
     ints = (*q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(), H, nq, nk, LOG2E / math.sqrt(d))
-    return kernel, grid, ints, dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **cfg), fallback
+    return kernel, grid, ints, dict(HEAD_DIM=d, CAUSAL=bool(is_causal), BLOCK_D=fwd_block_d(d), **cfg), fallback
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -567,7 +586,9 @@ def _backward_plan(q, k, v, o, do, is_causal: bool) -> tuple:
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                        do: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) with kernels 2, 3 and 4, from the saved O and L."""
+    """(dQ, dK, dV) with kernels 2, 3 and 4, from the saved O and L (head dims of HEAD_DIMS only)."""
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim d={q.shape[-1]} is not supported by the backward kernels; expected one of {HEAD_DIMS}")
     key = (*_meta(q, k, v, o, do), bool(is_causal))
     plan = _BWD_PLANS.get(key) if _options[-1] is _DEFAULT else None
     fresh = plan is None
@@ -602,6 +623,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        check_inputs(q, k, v, backward=any(ctx.needs_input_grad[:3]))
         o, lse = attention_forward(q, k, v, bool(is_causal))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = bool(is_causal)

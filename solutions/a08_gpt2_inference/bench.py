@@ -9,6 +9,7 @@ Decode at the memory wall (no transformers comparison; GPU only; see each mode's
     python -m solutions.a08_gpt2_inference.bench --gemv [--sweep xl]   # per-kernel decode-GEMM GB/s vs cuBLAS
     python -m solutions.a08_gpt2_inference.bench --step                # decode-step time and % of bandwidth
     python -m solutions.a08_gpt2_inference.bench --profile             # per-kernel time, gaps, PDL on/off
+    python -m solutions.a08_gpt2_inference.bench --sampling            # sampling and EOS cost per step vs greedy
 (--step and --profile compare the decode step's three paths: the a06 matmul for its GEMMs, the a08
 gemv, the gemv with programmatic dependent launch; --models / --batches / --prompts select the cases.)
 
@@ -79,7 +80,7 @@ def graph_step_ms(engine, ids, steps: int = 32) -> float:
     """GPU time of one replayed decode step: `steps` replays back to back between two events."""
     b = ids.shape[0]
     engine.prefill(ids)
-    graph, static_tok = engine._graphs[b]
+    graph, static_tok = engine._graphs[(b, engine.GREEDY)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()                                   # warm
     start.record()
@@ -98,7 +99,7 @@ def profile_step(engine, ids) -> str:
     for mode in ("eager", "graph"):
         engine.prefill(ids)
         tok = torch.zeros(b, dtype=torch.long, device="cuda")
-        step = (lambda: engine.decode_step(tok)) if mode == "eager" else (lambda: engine._replay(b, tok))
+        step = (lambda: engine.decode_step(tok)) if mode == "eager" else (lambda: engine._replay(b, engine.GREEDY, tok))
         step()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -232,6 +233,8 @@ def main(argv=None):
     mode.add_argument("--gemv", action="store_true", help="per-kernel decode-GEMM bandwidth: gemv, a06 matmul, cuBLAS")
     mode.add_argument("--step", action="store_true", help="decode-step GPU time only (no transformers), three paths")
     mode.add_argument("--profile", action="store_true", help="decode-step profile: kernels, bytes, gaps, three paths")
+    mode.add_argument("--sampling", action="store_true",
+                      help="cost of sampling (temperature, top-k, top-p) and of the EOS check per decode step vs greedy")
     ap.add_argument("--sweep", nargs="*", default=[], choices=list(MODELS),
                     help="--gemv: also time a few other configs per GEMM of these models (e.g. --sweep xl)")
     ap.add_argument("--runs", type=int, default=2, help="--step: timing runs per case (median reported)")
@@ -241,7 +244,7 @@ def main(argv=None):
     impl = Impl.get(args.impl)
     if not torch.cuda.is_available():
         raise SystemExit("the stage-8 benchmark needs a CUDA GPU (CPU: pytest runs the engine interpreted)")
-    if args.gemv or args.step or args.profile:
+    if args.gemv or args.step or args.profile or args.sampling:
         return memory_wall(args, impl, argv)
     args.models = args.models or DEFAULT_MODELS
     args.prompts = args.prompts or [128, 960]
@@ -348,11 +351,73 @@ def memory_wall(args, impl: Impl, argv) -> None:
                  [(m, b, p) for m in (args.models or ["small", "xl"]) for b in (args.batches or [1])
                   for p in (args.prompts or [100])])
         text = step_table(impl, cases, args.runs, gbps_copy, head, cmd, out_dir)
+    elif args.sampling:
+        cases = [(m, b, p) for m in (args.models or ["small"]) for b in (args.batches or [1, 8])
+                 for p in (args.prompts or [128])]
+        text = sampling_table(impl, cases, args.runs, head, cmd, out_dir)
     else:
         cases = [(m, b, p) for m in (args.models or ["small", "xl"]) for b in (args.batches or [1])
                  for p in (args.prompts or [100])]
         text = profile_table(impl, cases, gbps_copy, head, cmd, out_dir)
     print(text)
+
+
+#: --sampling: the ways of choosing a token compared with greedy (generate()'s options)
+SAMPLING = {"greedy": {}, "greedy + EOS": dict(eos_token_id=0),
+            "T=0.8": dict(do_sample=True, temperature=0.8),
+            "T=0.8, top-k 50": dict(do_sample=True, temperature=0.8, top_k=50),
+            "T=0.8, top-p 0.9": dict(do_sample=True, temperature=0.8, top_p=0.9),
+            "T=0.8, top-k 50, top-p 0.9": dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9)}
+
+
+def sampling_table(impl: Impl, cases, runs: int, head: str, cmd: str, out_dir: Path) -> str:
+    """What choosing the token costs per decode step: the GPU time of one graph replay (decode step +
+    token choice: argmax, or the sampling kernel, plus the EOS bookkeeping) for each of SAMPLING,
+    against greedy in the same run (target: sampling within 5 % of greedy at batch 1). And the EOS
+    check's host syncs: generate(64) wall time with an EOS id that never comes (the host looks every
+    CHECK_EVERY steps) against generate(64) without EOS. Writes a08_sampling.md. H100: about 1 minute."""
+    eng_mod = impl.load("a08_gpt2_inference.engine")
+    rows = [f"# Stage 8: the cost of sampling per decode step\n\n{head}\n\n`{cmd}`\n",
+            "| model | batch | prompt | token choice | step GPU ms | vs greedy |", "|---|---|---|---|---|---|"]
+    walls = ["", "| model | batch | prompt | generate(64) ms, no EOS | with an EOS that never comes | ratio |",
+             "|---|---|---|---|---|---|"]
+    for model, b, p in cases:
+        torch.manual_seed(0)
+        hf = hf_gpt2(model, torch.bfloat16)
+        engine = eng_mod.GPT2Engine.from_hf(hf, max_batch=b, max_seq_len=p + NEW + STEPS + 8)
+        del hf
+        ids = torch.randint(1, engine.vocab_size, (b, p), device="cuda")
+        base = None
+        for name, kw in SAMPLING.items():
+            engine.generate(ids, 3, **kw)                         # compiles, captures this mode's graph
+            mode = (bool(kw.get("do_sample")), "eos_token_id" in kw)
+            graph, _ = engine._graphs[(b, mode)]
+            times = []
+            for _ in range(runs):
+                engine.cache.lengths[:b].fill_(p)
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(STEPS):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / STEPS)
+            ms = statistics.median(times)
+            base = base or ms
+            rows.append(f"| {model} | {b} | {p} | {name} | {ms:.4f} | {ms / base - 1:+.1%} |")
+            print(rows[-1], flush=True)
+        plain = wall(lambda: engine.generate(ids, NEW), 5)
+        unseen = min(set(range(engine.vocab_size)) - set(engine.generate(ids, NEW).flatten().tolist()))
+        assert engine.generate(ids, NEW, eos_token_id=unseen).shape[1] == NEW
+        eos = wall(lambda: engine.generate(ids, NEW, eos_token_id=unseen), 5)
+        walls.append(f"| {model} | {b} | {p} | {plain:.2f} | {eos:.2f} | {eos / plain:.3f} |")
+        print(walls[-1], flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    text = "\n".join(rows + walls) + "\n"
+    (out_dir / "a08_sampling.md").write_text(text)
+    return text
 
 
 def triton_version() -> str:
@@ -569,9 +634,9 @@ def captured_step(engine, b: int, ctx: int):
     tok = torch.zeros(b, dtype=torch.long, device=engine.device)
     ready_for_decode(engine, b, ctx)
     engine.decode_step(tok)
-    engine._replay(b, tok)
+    engine._replay(b, engine.GREEDY, tok)
     torch.cuda.synchronize()
-    return engine._graphs[b]
+    return engine._graphs[(b, engine.GREEDY)]
 
 
 def step_ms(engine, b: int, ctx: int, runs: int) -> list[float]:
@@ -764,7 +829,7 @@ def profile_table(impl: Impl, cases, gbps_copy: float, head: str, cmd: str, out_
                 print(summary[-1], flush=True)
                 torch.cuda.synchronize()
                 continue
-            graph, _ = engine._graphs[b]
+            graph, _ = engine._graphs[(b, engine.GREEDY)]
             engine.cache.lengths[:b].fill_(p)
             steps = step_kernels(engine, graph)
             stats = [gaps(st) for st in steps]

@@ -15,8 +15,8 @@ MUTANTS = [
                                      "dk[..., n0:n1, :] += ds.transpose(-1, -2) @ qi")]),
     Mutant(S, P, "7a D from dO only", [("delta = (do.float() * o.float()).sum(dim=-1)", "delta = do.float().sum(dim=-1)")]),
     # ---- 7b forward
-    Mutant(S, T, "fwd acc not rescaled", [("        v = tl.load(v_ptrs + start_n * svn)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
-                                           "        v = tl.load(v_ptrs + start_n * svn)\n        acc = tl.dot(p.to(v.dtype), v, acc)")]),
+    Mutant(S, T, "fwd acc not rescaled", [("        v = tl.load(v_ptrs + start_n * svn, mask=d_ok, other=0.0)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
+                                           "        v = tl.load(v_ptrs + start_n * svn, mask=d_ok, other=0.0)\n        acc = tl.dot(p.to(v.dtype), v, acc)")]),
     Mutant(S, T, "fwd causal diagonal off by one", [("        qk = tl.dot(q, tl.trans(k))\n        keep = col_ok[None, :]\n        if CAUSAL:\n            keep = keep & (cols[None, :] <= offs_m[:, None] + shift)",
                                                      "        qk = tl.dot(q, tl.trans(k))\n        keep = col_ok[None, :]\n        if CAUSAL:\n            keep = keep & (cols[None, :] < offs_m[:, None] + shift)")]),
     Mutant(S, T, "fwd causal top-left", [("    # the ragged last key tile. Causal: query i sees keys j <= i + (N_K - N_Q).\n    shift = N_K - N_Q",

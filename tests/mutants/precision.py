@@ -18,12 +18,12 @@ MUTANTS = [
     # Flash attention's output accumulator kept in bf16/fp16 between key tiles: ~10x SDPA's error at
     # Nk = 3001 (188 key tiles of 16 under the interpreter), below the fixed 1e-2 / 2e-3 of the other tests.
     Mutant("a07_flash_attention", "flash_triton.py", "fwd accumulator rounded to the output dtype every key tile",
-           [("        v = tl.load(v_ptrs + start_n * svn)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])\n",
-             "        v = tl.load(v_ptrs + start_n * svn)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])\n"
+           [("        v = tl.load(v_ptrs + start_n * svn, mask=d_ok, other=0.0)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])\n",
+             "        v = tl.load(v_ptrs + start_n * svn, mask=d_ok, other=0.0)\n        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])\n"
              "        acc = acc.to(O.dtype.element_ty).to(tl.float32)   # kept in bf16/fp16 between key tiles\n"),
-            ("        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None], other=0.0)\n"
+            ("        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None] & d_ok, other=0.0)\n"
              "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])\n",
-             "        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None], other=0.0)\n"
+             "        v = tl.load(v_ptrs + start_n * svn, mask=col_ok[:, None] & d_ok, other=0.0)\n"
              "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])\n"
              "        acc = acc.to(O.dtype.element_ty).to(tl.float32)\n")],
            expect=("PyTorch's own error", "O, "), grader=("long Nk",)),
