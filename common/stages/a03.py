@@ -1,0 +1,104 @@
+"""Stage 3, the bias kernel and the fused Linear: outputs, in-place add, no copies per call, speed."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import reference as ref
+from ..roofline import matmul_bytes, matmul_flops
+from ..kernel_check import BIAS_KERNEL, FUSED_LINEAR, held_tensors, input_copies
+from ..testing import REL_TOL
+from .base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw, _gen,
+                   _no_copies, _randn, _refilled, _twice, _with_repeat)
+
+
+@_call
+def a03_add_bias(r: Run, y, b):
+    return r.load("a03_fused_linear.add_bias").add_bias(y, b)
+
+
+@_call
+def a03_add_bias_twice(r: Run, y, b, x2):
+    ab = r.load("a03_fused_linear.add_bias")
+    return ab.add_bias(y, b), ab.add_bias(_refilled(y, x2), b)
+
+
+@_call
+def a03_add_bias_inplace(r: Run, y, b):
+    r.load("a03_fused_linear.add_bias").add_bias_(y, b)
+    return y
+
+
+@_call
+def a03_fused_linear(r: Run, w, b, x, backend: str):
+    layer = r.load("a03_fused_linear.fused_linear").FusedLinear(w, b, backend)
+    out, copies = input_copies(lambda: layer(x), **{**held_tensors(layer), "weight (as given)": w})
+    r.fact("copies", copies)
+    return out
+
+
+@_call
+def a03_fused_linear_twice(r: Run, w, b, x, x2, backend: str):
+    layer = r.load("a03_fused_linear.fused_linear").FusedLinear(w, b, backend)
+    return layer(x), layer(_refilled(x, x2))
+
+
+@_call
+def a03_transfers(r: Run):
+    return _count_layer(r.load("a03_fused_linear.fused_linear").FusedLinear, True)
+
+
+def _a03_trials(rng):
+    g = _gen(rng)
+
+    def bias_pair(r, g, i):
+        dtype = _dtype_of_draw(i)
+        shape = tuple(r.randint(1, 40) for _ in range(r.randint(1, 2))) + (r.randint(1, 1100),)
+        y, b = _randn(g, *shape, dtype=dtype), _randn(g, shape[-1], dtype=dtype)
+        expected = ref.add_bias(y, b)
+        return [Trial(f"add_bias {shape} {dtype}", "a03_add_bias", dict(y=y, b=b), expected, REL_TOL[dtype],
+                      forbid=BIAS_KERNEL, dtypes=(dtype,)),
+                Trial(f"add_bias_ (in place) {shape} {dtype}", "a03_add_bias_inplace", dict(y=y.clone(), b=b),
+                      expected, REL_TOL[dtype], forbid=BIAS_KERNEL, inplace=("y",), dtypes=(dtype,))]
+
+    def linear(r, g, i):
+        backend = ("addmm", "triton")[i % 2]
+        dtype = _dtype_of_draw(i // 2)           # each backend in each dtype
+        fin, fout = r.randint(1, 300), r.randint(1, 900)
+        lead = tuple(r.randint(1, 6) for _ in range(r.randint(1, 3)))
+        w = _randn(g, fout, fin, dtype=dtype, scale=fin**-0.5)
+        b = _randn(g, fout, dtype=dtype)
+        x = _randn(g, *lead, fin, dtype=dtype)
+        return [Trial(f"FusedLinear({backend}) {fin}->{fout} lead={lead} {dtype}", "a03_fused_linear",
+                      dict(w=w, b=b, x=x, backend=backend), ref.linear(x, w, b), REL_TOL[dtype],
+                      scale=ref.linear_scale(x, w, b), forbid=FUSED_LINEAR[backend], dtypes=(dtype,),
+                      judge=_no_copies)]
+    trials = _with_repeat(rng, g, bias_pair, 3) + _with_repeat(rng, g, linear, 6, repeat=2)
+    dtype = rng.choice(DTYPE_CYCLE)
+    shape = (rng.randint(1, 20), rng.randint(1, 700))
+    y, y2, b = _randn(g, *shape, dtype=dtype), _randn(g, *shape, dtype=dtype), _randn(g, shape[1], dtype=dtype)
+    trials.append(_twice(f"add_bias {shape} {dtype}", "a03_add_bias_twice", dict(y=y, b=b, x2=y2),
+                         (ref.add_bias(y, b), ref.add_bias(y2, b)), REL_TOL[dtype], forbid=BIAS_KERNEL))
+    backend = rng.choice(["addmm", "triton"])
+    fin, fout = rng.randint(1, 200), rng.randint(1, 300)
+    w, b = _randn(g, fout, fin, dtype=dtype, scale=fin**-0.5), _randn(g, fout, dtype=dtype)
+    x, x2 = _randn(g, 3, fin, dtype=dtype), _randn(g, 3, fin, dtype=dtype)
+    trials.append(_twice(f"FusedLinear({backend}) {fin}->{fout} {dtype}", "a03_fused_linear_twice",
+                         dict(w=w, b=b, x=x, x2=x2, backend=backend), (ref.linear(x, w, b), ref.linear(x2, w, b)),
+                         REL_TOL[dtype], scale=(ref.linear_scale(x, w, b), ref.linear_scale(x2, w, b)),
+                         forbid=FUSED_LINEAR[backend]))
+    trials.append(Trial("FusedLinear host transfers per call", "a03_transfers", {}, torch.tensor([0]), 0, exact=True))
+    return trials
+
+
+def _a03_perf(load):
+    fl = load("a03_fused_linear.fused_linear")
+    lin = torch.nn.Linear(768, 3072, device="cuda", dtype=torch.bfloat16)
+    layer = fl.FusedLinear.from_linear(lin)
+    m, n, k = 32 * 1024, 3072, 768
+    return Perf("FusedLinear 32x1024 768->3072 bf16", lambda g: {"x": _cuda_randn(g, 32, 1024, 768)},
+                lambda i: layer(i["x"]), lambda i: F.linear(i["x"], lin.weight, lin.bias), "F.linear",
+                matmul_flops(m, n, k), matmul_bytes(m, n, k, torch.bfloat16, bias=True))
+
+
+STAGE = Stage("a03_fused_linear", "Bias kernel + fused Linear", _a03_trials, _a03_perf)

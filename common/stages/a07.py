@@ -1,0 +1,172 @@
+"""Stage 7, flash attention forward and backward (7a tiled PyTorch, 7b Triton): trials, memory, speed cases."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import HAS_CUDA
+from .. import reference as ref
+from ..roofline import attention_flops
+from ..shapes import ATTENTION_HEADS, attention_batch
+from ..kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, Forbidden, attention_tile_bound, largest_new_tensor,
+                            tile_message)
+from ..testing import calibrated_tol, rel_error, torch_attention
+from .base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
+
+
+#: Stage 7's attention entry points: (module, function name).
+ATTENTION_FN = {"torch": ("a07_flash_attention.flash_torch", "flash_attention_torch"),
+                "triton": ("a07_flash_attention.flash_triton", "flash_attention")}
+
+
+def _attention_fn(r: Run, impl: str):
+    module, name = ATTENTION_FN[impl]
+    return getattr(r.load(module), name)
+
+
+@_call
+def a07_fwd(r: Run, impl: str, q, k, v, causal: bool):
+    return _attention_fn(r, impl)(q, k, v, causal)
+
+
+@_call
+def a07_fwd_bwd(r: Run, impl: str, q, k, v, do, causal: bool, with_o: bool = True):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = _attention_fn(r, impl)(q, k, v, causal)
+    o.backward(do)
+    return (o.detach(), q.grad, k.grad, v.grad) if with_o else (q.grad, k.grad, v.grad)
+
+
+def _attn_trials(impl: str, label: str, rng, forbid: Forbidden):
+    g = _gen(rng)
+
+    def build(r, g, i):
+        causal = (False, True)[i]
+        dtype = torch.float32 if not HAS_CUDA else (torch.bfloat16, torch.float16)[i]   # both, not a random one
+        d = r.choice([16, 32] if not HAS_CUDA else [16, 32, 64, 128])
+        nq = r.randint(1, 80 if not HAS_CUDA else 600)
+        nk = nq if r.random() < 0.5 else r.randint(max(1, nq), (80 if not HAS_CUDA else 600) + nq)
+        lead = (r.randint(1, 2), r.randint(1, 3))
+        q, k, v = (_randn(g, *lead, n, d, dtype=dtype) for n in (nq, nk, nk))
+        do = _randn(g, *lead, nq, d, dtype=dtype)
+        o_ref, _ = ref.attention(q, k, v, causal)
+        grads_ref = ref.attention_backward(q, k, v, do, causal)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        return [Trial(f"{label} fwd+bwd lead={lead} Nq={nq} Nk={nk} d={d} causal={causal} {dtype}", "a07_fwd_bwd",
+                      dict(impl=impl, q=q, k=k, v=v, do=do, causal=causal), (o_ref, *grads_ref), tol, forbid=forbid,
+                      dtypes=(dtype,) * 4)]
+    return _with_repeat(rng, g, build, 2)
+
+
+#: Long-Nk attention trials: every query row walks >= 180 key tiles under the interpreter (16 keys
+#: each), Nk >= 4096 on a GPU, where an accumulator kept in 16 bits between key tiles costs several
+#: times SDPA's error. Few query rows under the interpreter: the cost is Nq x Nk there.
+LONG_NK = (2900, 3600) if not HAS_CUDA else (4096, 8192)
+
+
+def _long_attn_trials(impl: str, label: str, rng, forbid: Forbidden) -> list[Trial]:
+    """Forward, and forward + backward, at long Nk in 16 bits. Tolerance: a few times
+    F.scaled_dot_product_attention's own error on the same inputs (testing.calibrated_tol), O against
+    SDPA's O and the gradients against SDPA's largest gradient error (on the CPU SDPA's dQ can be
+    1.5x less accurate than its O: one shared tolerance would let a 16-bit O accumulator through)."""
+    g = _gen(rng)
+    trials = []
+    for dtype in (torch.bfloat16,) + ((torch.float16,) if HAS_CUDA else ()):
+        causal = rng.random() < 0.5
+        d = rng.choice([32, 64] if not HAS_CUDA else [64, 128])
+        nq = rng.randint(16, 40) if not HAS_CUDA else rng.randint(500, 2048)
+        nk = rng.randint(*LONG_NK)
+        lead = (1, 1) if not HAS_CUDA else (rng.randint(1, 2), rng.randint(1, 4))
+        q, k, v = (_randn(g, *lead, n, d, dtype=dtype) for n in (nq, nk, nk))
+        do = _randn(g, *lead, nq, d, dtype=dtype)
+        o_ref, grads_ref = ref.attention(q, k, v, causal)[0], ref.attention_backward(q, k, v, do, causal)
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o = torch_attention(qq, kk, vv, causal)
+        o_tol = calibrated_tol(rel_error(o, o_ref), dtype)
+        grads_tol = calibrated_tol(max(rel_error(t, r) for t, r in
+                                       zip(torch.autograd.grad(o, (qq, kk, vv), do), grads_ref)), dtype)
+        what = (f"long Nk: lead={lead} Nq={nq} Nk={nk} d={d} causal={causal} {dtype} "
+                f"(tolerance: a few times SDPA's error)")
+        trials += [Trial(f"{label} fwd O, {what}", "a07_fwd", dict(impl=impl, q=q, k=k, v=v, causal=causal), o_ref,
+                         o_tol, forbid=forbid),
+                   Trial(f"{label} fwd+bwd dQ dK dV, {what}", "a07_fwd_bwd",
+                         dict(impl=impl, q=q, k=k, v=v, do=do, causal=causal, with_o=False), grads_ref, grads_tol,
+                         forbid=forbid)]
+    return trials
+
+
+@_call
+def a07_tiled(r: Run, q, k, v, do, causal: bool, bm: int, bn: int):
+    """7a's two functions on their own, with the largest tensor each creates (a dispatch trace)."""
+    ft = r.load("a07_flash_attention.flash_torch")
+    (o, lse), big = largest_new_tensor(lambda: ft.flash_forward_torch(q, k, v, causal, bm, bn), q, k, v)
+    r.fact("forward_largest", [big.elements, big.op, list(big.shape)])
+    grads, big = largest_new_tensor(lambda: ft.flash_backward_torch(q, k, v, o, lse, do, causal, bm, bn),
+                                    q, k, v, o, lse, do)
+    r.fact("backward_largest", [big.elements, big.op, list(big.shape)])
+    return (o, lse, *grads)
+
+
+def _tile_judge(bound: int, bm: int, bn: int, nq: int, nk: int):
+    def judge(facts: dict) -> str | None:
+        from ..kernel_check import NewTensor
+        for fn, key in (("flash_forward_torch", "forward_largest"), ("flash_backward_torch", "backward_largest")):
+            elements, op, shape = facts.get(key, [0, "", []])
+            if elements > bound:
+                return tile_message(f"{fn}(block_m={bm}, block_n={bn})", NewTensor(elements, op, tuple(shape)),
+                                    bound, nq, nk)
+        return None
+    return judge
+
+
+def _tiled_memory_trial(rng, dtype=torch.float32) -> Trial:
+    """Stage 7a's contract, never more than one [block_m, block_n] tile of scores, on sequences
+    several tiles long: the largest tensor each of its two functions creates (dispatch trace). In a
+    16-bit dtype, O keeps it and the logsumexp L is float32 (the contract: the saved statistics stay
+    in fp32)."""
+    g = _gen(rng)
+    bm, bn, d = rng.choice([16, 32]), rng.choice([16, 32]), 16
+    nq = rng.randint(130, 260)
+    nk = rng.randint(nq, 300)
+    causal = rng.random() < 0.5
+    lead = (rng.randint(1, 2), rng.randint(1, 2))
+    q, k, v = (_randn(g, *lead, n, d, dtype=dtype) for n in (nq, nk, nk))
+    do = _randn(g, *lead, nq, d, dtype=dtype)
+    o_ref, l_ref = ref.attention(q, k, v, causal)
+    grads_ref = ref.attention_backward(q, k, v, do, causal)
+    bound = attention_tile_bound(q, k, bm, bn)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    return Trial(f"tiled PyTorch, one tile at a time: lead={lead} Nq={nq} Nk={nk} d={d} blocks {bm}x{bn} "
+                 f"causal={causal} {dtype} (largest tensor <= {bound} elements; L in float32)", "a07_tiled",
+                 dict(q=q, k=k, v=v, do=do, causal=causal, bm=bm, bn=bn), (o_ref, l_ref, *grads_ref), tol,
+                 forbid=ATTENTION_TILED, dtypes=(dtype, torch.float32, dtype, dtype, dtype),
+                 judge=_tile_judge(bound, bm, bn, nq, nk))
+
+
+def _a07_trials(rng):
+    return (_attn_trials("torch", "tiled PyTorch", rng, ATTENTION_TILED)
+            + [_tiled_memory_trial(rng), _tiled_memory_trial(rng, torch.bfloat16)]
+            + _attn_trials("triton", "Triton", rng, ATTENTION_KERNEL)
+            + _long_attn_trials("triton", "Triton", rng, ATTENTION_KERNEL))
+
+
+#: Stage 7's speed cases (B, H, S, d), causal, bf16, forward, from the bench's real-shape sweep
+#: (B·H·S ~ 2^18): GPT-2 small's attention (12 heads of 64) at S = 1024, an odd length (a partial
+#: last tile) at d = 128, and a long sequence at d = 128.
+A07_SHAPES = tuple((attention_batch(s, ATTENTION_HEADS[d]), ATTENTION_HEADS[d], s, d)
+                   for s, d in ((1024, 64), (1537, 128), (4096, 128)))
+
+
+def _a07_perf(load):
+    fx = load("a07_flash_attention.flash_triton")
+    cases = []
+    for b, h, s, d in A07_SHAPES:
+        cases.append(Perf(f"flash attention fwd B={b} H={h} S={s} d={d} causal bf16",
+                          lambda g, shape=(b, h, s, d): {n: _cuda_randn(g, *shape) for n in "qkv"},
+                          lambda i: fx.flash_attention(i["q"], i["k"], i["v"], True),
+                          lambda i: F.scaled_dot_product_attention(i["q"], i["k"], i["v"], is_causal=True),
+                          "F.scaled_dot_product_attention", attention_flops(b * h, s, s, d, True), 4 * b * h * s * d * 2))
+    return cases
+
+
+STAGE = Stage("a07_flash_attention", "Flash attention fwd+bwd", _a07_trials, _a07_perf, perf_target=0.7)
