@@ -94,8 +94,9 @@ def _a06_trials(rng):
     e1, e2 = ref.matmul(a, b), ref.matmul(a2, b)
     trials.append(_twice(f"Triton matmul {m}x{n}x{k} {dtype}", "a06_triton_twice", dict(a=a, b=b, x2=a2), (e1, e2),
                          max(_matmul_tol(a, b, e1), _matmul_tol(a2, b, e2)), forbid=MATMUL_KERNEL))
-    # linear_gelu: nn.Linear's weight [N, K] read in place (a weight copied per call is refused)
-    m, n, k = rng.randint(1, small), rng.randint(1, small), rng.randint(1, small)
+    # linear_gelu: nn.Linear's weight [N, K] read in place (a weight copied per call is refused). N, K >= 2:
+    # with either 1, weight.t() is already contiguous, so a per-call .contiguous() copies nothing to see
+    m, n, k = rng.randint(1, small), rng.randint(2, small), rng.randint(2, small)
     x, w, bias = _randn(g, m, k, dtype=dtype), _randn(g, n, k, dtype=dtype, scale=k**-0.5), _randn(g, n, dtype=dtype)
     trials.append(Trial(f"linear_gelu {m}x{k} @ weight [{n}, {k}]ᵀ + bias, GELU {dtype}", "a06_linear_gelu",
                         dict(x=x, weight=w, bias=bias), ref.gelu_tanh(ref.linear(x, w, bias)),
