@@ -426,7 +426,11 @@ def triton_version() -> str:
 
 
 # ------------------------------------------------------------------------------- per-kernel GEMM bandwidth
-L2_BYTES = 50 * 2**20       # H100's L2; the rotation reads >= 3x this between two reads of one weight copy
+def l2_bytes() -> int:
+    """This GPU's L2 (common.gpu; 50 MB on an H100): the rotation reads >= 3x it between two reads of one
+    weight copy."""
+    from common import gpu
+    return gpu.l2_bytes() or 50 * 2**20
 
 
 def gemm_shapes(c: int, vocab: int = 50257) -> dict[str, tuple[int, int, bool]]:
@@ -503,7 +507,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
         c = MODELS[model]["n_embd"]
         for name, (k, n, kc) in gemm_shapes(c).items():
             wbytes = k * n * 2
-            copies = max(3, -(-3 * L2_BYTES // wbytes))
+            copies = max(3, -(-3 * l2_bytes() // wbytes))
             ws = [(torch.randn(n, k, device="cuda", dtype=dt) * k**-0.5).t() for _ in range(copies)]   # K-major
             stored = ws if kc else [w.contiguous() for w in ws]                                       # N-major
             for m in (1, 4, 16):
@@ -555,7 +559,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
              f"Command: `{cmd}`", "",
              "bf16, x [M, K] @ W [K, N]; the gemv reads W K-major (the engine's decode copy; the LM head's wteᵀ), "
              "the a06 matmul the stored layout (Conv1D: N-major). GB/s = weight bytes / GPU time per call; each call reads its own copy "
-             f"of the weight (copies rotated so that >= {3 * L2_BYTES // 2**20} MB lie between two reads of one "
+             f"of the weight (copies rotated so that >= {3 * l2_bytes() // 2**20} MB lie between two reads of one "
              "copy: out of L2), back to back in a CUDA graph, median of 15 replays. `PDL chain`: the same calls "
              "launched with programmatic dependent launch. cuBLAS: torch.matmul on both layouts, the faster "
              "(PyTorch's defaults). `x cuBLAS` = cuBLAS time / gemv time (>= 1.00: the gemv reads the weight at "
