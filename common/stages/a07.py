@@ -95,6 +95,22 @@ def _long_attn_trials(impl: str, label: str, rng, forbid: Forbidden) -> list[Tri
     return trials
 
 
+def _odd_head_trials(impl: str, label: str, rng, forbid: Forbidden) -> list[Trial]:
+    """The forward at a head size that is no power of two (GPT-2-like models use 80 and 96): the kernel
+    pads the head to a power of two and must mask the padding on every load and store."""
+    g = _gen(rng)
+    dtype = torch.bfloat16
+    d = rng.choice([24, 40] if not HAS_CUDA else [80, 96])
+    causal = rng.random() < 0.5
+    nq = rng.randint(5, 40) if not HAS_CUDA else rng.randint(100, 700)
+    lead = (1, rng.randint(1, 2)) if not HAS_CUDA else (rng.randint(1, 2), rng.randint(1, 8))
+    q, k, v = (_randn(g, *lead, nq, d, dtype=dtype) for _ in range(3))
+    o_ref = ref.attention(q, k, v, causal)[0]
+    o_tol = calibrated_tol(rel_error(torch_attention(q, k, v, causal), o_ref), dtype)
+    return [Trial(f"{label} fwd O, head size {d} (no power of two): lead={lead} Nq={nq} causal={causal} {dtype}",
+                  "a07_fwd", dict(impl=impl, q=q, k=k, v=v, causal=causal), o_ref, o_tol, forbid=forbid)]
+
+
 @_call
 def a07_tiled(r: Run, q, k, v, do, causal: bool, bm: int, bn: int):
     """7a's two functions on their own, with the largest tensor each creates (a dispatch trace)."""
@@ -147,7 +163,8 @@ def _a07_trials(rng):
     return (_attn_trials("torch", "tiled PyTorch", rng, ATTENTION_TILED)
             + [_tiled_memory_trial(rng), _tiled_memory_trial(rng, torch.bfloat16)]
             + _attn_trials("triton", "Triton", rng, ATTENTION_KERNEL)
-            + _long_attn_trials("triton", "Triton", rng, ATTENTION_KERNEL))
+            + _long_attn_trials("triton", "Triton", rng, ATTENTION_KERNEL)
+            + _odd_head_trials("triton", "Triton", rng, ATTENTION_KERNEL))
 
 
 #: Stage 7's speed cases (B, H, S, d), causal, bf16, forward, from the bench's real-shape sweep

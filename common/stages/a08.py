@@ -25,9 +25,9 @@ def a08_decode_attention(r: Run, qkv, k, v, lens, h: int, d: int, splits, out):
     return dec.decode_attention(qkv[:, :h * d].view(qkv.shape[0], h, d), k, v, lens, splits=splits, out=out)
 
 
-def _decode_attention_trial(g, rng, splits_forced: bool, dtype: torch.dtype) -> Trial:
+def _decode_attention_trial(g, rng, splits_forced: bool, dtype: torch.dtype, odd_head: bool = False) -> Trial:
     b, h = rng.randint(2, 4 if not HAS_CUDA else 8), rng.randint(1, 4 if not HAS_CUDA else 16)
-    d = rng.choice([16, 32, 64])
+    d = rng.choice([24, 40, 80] if odd_head else [16, 32, 64])   # odd: padded to a power of two, masked
     s_max = rng.randint(2, 120 if not HAS_CUDA else 2000)
     lengths = [1, s_max] + [rng.randint(1, s_max) for _ in range(b - 2)]    # the extremes, then any
     rng.shuffle(lengths)
@@ -89,9 +89,9 @@ def a08_write_kv(r: Run, qkv, caches, st):
     return caches[0], caches[1]
 
 
-def _write_kv_trial(g, rng) -> Trial:
+def _write_kv_trial(g, rng, odd_head: bool = False) -> Trial:
     dtype = _pick_dtype(rng)
-    b, h, d = rng.randint(1, 4), rng.randint(1, 4), rng.choice([16, 32, 64])
+    b, h, d = rng.randint(1, 4), rng.randint(1, 4), rng.choice([24, 40, 80] if odd_head else [16, 32, 64])
     t, s_max = rng.randint(1, 6), rng.randint(8, 40)
     start = [rng.randint(0, s_max - t) for _ in range(b)]
     start[rng.randrange(b)] = s_max - 1                        # runs off the end: positions >= S_max stay
@@ -384,7 +384,9 @@ def _engine_trials(g, rng) -> list[Trial]:
 def _a08_trials(rng):
     g = _gen(rng)
     return (_with_repeat(rng, g, lambda r, g, i: [_decode_attention_trial(g, r, i == 1, _dtype_of_draw(i))], 3)
-            + _layernorm_trials(g, rng) + [_write_kv_trial(g, rng)] + _gemv_trials(g, rng) + _engine_trials(g, rng))
+            + [_decode_attention_trial(g, rng, False, _dtype_of_draw(0), odd_head=True)]
+            + _layernorm_trials(g, rng) + [_write_kv_trial(g, rng), _write_kv_trial(g, rng, odd_head=True)]
+            + _gemv_trials(g, rng) + _engine_trials(g, rng))
 
 
 def _hf_static_step(hf, ids: torch.Tensor, tok0: torch.Tensor, ctx: int):

@@ -6,6 +6,10 @@ from . import Mutant
 S, T, P, H = "a07_flash_attention", "flash_triton.py", "flash_torch.py", "flash_fwd_hopper.cu"
 H_TESTS = "test_a07c_flash_hopper.py"
 MUTANTS = [
+    # a head size that is no power of two (issue #30): the forward pads it to BLOCK_D and masks the padding
+    Mutant(S, T, "fwd head padding not masked",
+           [("    d_ok = dim_mask(HEAD_DIM, BLOCK_D)[None, :]             # constant True when HEAD_DIM == BLOCK_D",
+             "    d_ok = (tl.arange(0, BLOCK_D) < BLOCK_D)[None, :]")], grader=()),
     # ---- 7a, tiled PyTorch
     Mutant(S, P, "7a running sum not rescaled", [("acc = acc * alpha[..., None] + p @ v", "acc = acc + p @ v")]),
     Mutant(S, P, "7a causal mask top-left", [("s = s.masked_fill(cols > rows + shift, neg_inf)",

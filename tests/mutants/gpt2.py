@@ -29,6 +29,13 @@ MUTANTS = [
     Mutant(S, LN, "eps outside the square root",
            [("rstd = 1.0 / tl.sqrt(var + eps)", "rstd = 1.0 / (tl.sqrt(var) + eps)")], grader=()),
 
+    # ---- head sizes that are no power of two (issue #30): padded to BLOCK_D, the padding masked
+    Mutant(S, DEC, "head padding not masked in decode attention",
+           [("    d_ok = dim_mask(HEAD_DIM, BLOCK_D)                                     # constant True if HEAD_DIM == BLOCK_D",
+             "    d_ok = tl.arange(0, BLOCK_D) < BLOCK_D")], grader=()),
+    Mutant(S, KV, "head padding not masked in the KV-cache write",
+           [("ok = (hs[:, None] < H) & (pos < S_MAX) & dim_mask(HEAD_DIM, BLOCK_D)[None, :]",
+             "ok = (hs[:, None] < H) & (pos < S_MAX) & (tl.arange(0, BLOCK_D) < BLOCK_D)[None, :]")], grader=()),
     # ---- kernel 2a, one split of the keys: test_decode_attention*
     Mutant(S, DEC, "split drops the newest key",
            [("end = tl.minimum(start + per, length)", "end = tl.minimum(start + per, length - 1)")]),
