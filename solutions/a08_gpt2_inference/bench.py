@@ -392,18 +392,7 @@ def sampling_table(impl: Impl, cases, runs: int, head: str, cmd: str, out_dir: P
             engine.generate(ids, 3, **kw)                         # compiles, captures this mode's graph
             mode = (bool(kw.get("do_sample")), "eos_token_id" in kw)
             graph, _ = engine._graphs[(b, mode)]
-            times = []
-            for _ in range(runs):
-                engine.cache.lengths[:b].fill_(p)
-                graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(STEPS):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / STEPS)
-            ms = statistics.median(times)
+            ms = statistics.median(replay_ms(engine, graph, b, p, runs))
             base = base or ms
             rows.append(f"| {model} | {b} | {p} | {name} | {ms:.4f} | {ms / base - 1:+.1%} |")
             print(rows[-1], flush=True)
@@ -647,6 +636,12 @@ def step_ms(engine, b: int, ctx: int, runs: int) -> list[float]:
     """GPU ms per decode step, per run: STEPS graph replays back to back between two CUDA events, the
     context reset to ctx before each run (it grows by STEPS during one)."""
     graph, _ = captured_step(engine, b, ctx)
+    return replay_ms(engine, graph, b, ctx, runs)
+
+
+def replay_ms(engine, graph, b: int, ctx: int, runs: int) -> list[float]:
+    """GPU ms per replay of a captured decode step, per run: the context reset to ctx, one replay to
+    warm up, then STEPS replays back to back between two CUDA events."""
     out = []
     for _ in range(runs):
         engine.cache.lengths[:b].fill_(ctx)
