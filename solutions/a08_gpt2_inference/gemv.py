@@ -303,32 +303,28 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
     if k_contiguous and not interpreter:               # K-major W: every column a contiguous row of W
         # Each program walks the whole of K for a few columns (no split-K while the columns alone give
         # every SM a program), its warps reading rows of W along memory in 16-byte vectors.
-        bk = 32 * vec
         want_programs = sms                            # split K only where the columns give < 1 program an SM
         if use_dot(m):                                 # tl.dot, BLOCK_M = 16, pipelined 4 deep
             warps, stages, bn, bk = 4, 4, 32, (128 if size == 2 else 64)
-            if cdiv(n, bn) < sms:               # few columns: split a long K (at most 4 ways),
+            blocks = cdiv(n, bn)
+            if blocks < sms:                           # few columns: split a long K (at most 4 ways),
                 if k >= 32 * bk:                       # else narrower programs over longer slices
-                    want_programs = min(4, cdiv(2 * sms, cdiv(n, bn))) * cdiv(n, bn)
+                    want_programs = min(4, cdiv(2 * sms, blocks)) * blocks
                 else:
                     bn, bk = 16, 2 * bk
         else:                                          # FMAs: 8 warps, 4 or 8 columns a program
-            warps, stages = 8, 1
+            warps, stages, bk = 8, 1, 32 * vec
             bn = 8 if cdiv(n, 8) >= PROGRAMS_PER_SM * sms else 4
     elif use_dot(m):                                   # tl.dot, BLOCK_M = 16
         warps, stages = 4, 3
         bn, bk = 64, (128 if size == 2 else 64)
-        if cdiv(n, bn) < 2 * sms:               # narrower tiles before more splits (less workspace)
+        if cdiv(n, bn) < 2 * sms:                      # narrower tiles before more splits (less workspace)
             bn = 32
-    else:                                              # FMAs: ACCUMULATORS per thread, 8 warps
-        warps, stages = 8, 1
-        per_program = ACCUMULATORS * 32 * warps // bm  # BLOCK_K * BLOCK_N
-        if k_contiguous:                               # a warp's 32 threads along K, vec elements each
-            bk = 32 * vec
-            bn = max(per_program // bk, 1)
-        else:                                          # along N
-            bn = 32 * vec
-            bk = max(per_program // bn, 1)
+    else:                                              # N-major W (a K-major one only under the interpreter,
+        warps, stages = 8, 1                           # whose tiles follow): FMAs, ACCUMULATORS per thread
+        per_program = ACCUMULATORS * 32 * warps // bm  # BLOCK_K * BLOCK_N, a warp's 32 threads along N
+        bn = 32 * vec
+        bk = max(per_program // bn, 1)
     if interpreter:                                    # few, wide programs; split K at most 2 ways
         bn, bk = (64, 32) if use_dot(m) else (256, 64)
     n_blocks = cdiv(n, bn)
