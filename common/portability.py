@@ -449,14 +449,13 @@ def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
     """The decode GEMV as the engine launches it (gemv.choose_config on 132 SMs, GPT-2 XL's shapes): K-major W
     at 1 row (FMAs) and 16 rows (tl.dot), and N-major W split over K (the partial sums' combine); one
     more with programmatic dependent launch, on sm_90 only (griddepcontrol needs Hopper)."""
-    import torch
-    size = {FP32: 4, BF16: 2, FP16: 2}[dt]
-    tdt = {FP32: torch.float32, BF16: torch.bfloat16, FP16: torch.float16}[dt]
+    from common.launch import cdiv
+    tdt = _dt(dt)
     for m, k, n, kmajor in ((1, 1600, 4800, True), (16, 6400, 1600, True), (1, 1600, 4800, False), (16, 1600, 6400, False)):
         bn, bk, splits, warps, stages = gv.choose_config(m, n, k, tdt, kmajor, 132, interpreter=False)
         dot = gv.use_dot(m)
         bm = gv.block_m(m, dot)
-        per = -(-(-(-k // bk)) // splits) * bk
+        per = cdiv(cdiv(k, bk), splits) * bk             # rows of W per split, whole slices (as gemv())
         sw = (1, k) if kmajor else (n, 1)              # W's (stride_wk, stride_wn)
         for pdl in (False, True):
             if pdl and ((m, kmajor) != (1, True) or only is not None):
@@ -465,7 +464,7 @@ def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
                          f"{dt} M={m} {k}->{n} {'K' if kmajor else 'N'}-major {(bn, bk, splits, warps, stages)}"
                          f"{' PDL' if pdl else ''}", gv._matvec_kernel,
                          (t, t, t, t, f, _dt("int32"), m, n, k, per, k, 1, *sw, n),
-                         dict(HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=size == 2, SPLIT_K=splits,
+                         dict(HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=tdt.itemsize == 2, SPLIT_K=splits,
                               COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False,
                               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=kmajor, FENCE=True, USE_PDL=pdl,
                               num_warps=warps, num_stages=stages),
