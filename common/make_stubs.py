@@ -20,8 +20,9 @@ own indentation (``# STUB: pass`` becomes ``pass``; a kernel body that writes no
 
 A file goes to ``assignments/`` only if the student has something to do in it (a TODO region),
 or if the stubs need it to import and build (``needed``): the package's ``__init__.py``, the C++
-``binding.cpp``, and the Python loader that builds the stage's CUDA sources (it calls
-``common.cuda_ext.load_op``). Given code outside those (the benchmarks: ``python -m common.bench
+``binding.cpp``, the Python loader that builds the stage's CUDA sources (it calls
+``common.cuda_ext.load_op``), and a given module that a copied file imports from its own stage
+(stage 8's ``sampling.py``). Given code outside those (the benchmarks: ``python -m common.bench
 aNN --impl assignments`` runs solutions/' bench on your work) stays in ``solutions/``. Given code
 in a copied file is copied as it is, except that references to the solutions tree
 (``solutions.a06_matmul``, ``solutions/a06_matmul``) become ``assignments.``/``assignments/``.
@@ -115,19 +116,28 @@ def needed(rel: Path, text: str) -> bool:
             or (rel.suffix == ".py" and bool(LOADER.search(text))))
 
 
+#: a relative import inside a stage (``from .sampling import ...``): the module it names is needed too
+RELATIVE = re.compile(r"^\s*from \.(\w+) import ", re.M)
+
+
 def generated(source: Path = SOURCE) -> dict[Path, bytes]:
-    """What ``assignments/`` should hold, file by file (relative paths), hand-written files left out."""
+    """What ``assignments/`` should hold, file by file (relative paths), hand-written files left out.
+
+    Given modules that a copied file imports from its own stage (``from .sampling import sample``
+    in stage 8's engine) are copied too, as they are: the stubs must import."""
     out = {}
-    for rel in _files(source):
-        if rel.name in HAND_WRITTEN and len(rel.parts) > 1:
+    files = [rel for rel in _files(source) if not (rel.name in HAND_WRITTEN and len(rel.parts) > 1)
+             and rel.suffix in COMMENT]
+    todo = [rel for rel in files if needed(rel, (source / rel).read_text())]
+    while todo:
+        rel = todo.pop()
+        if rel in out:
             continue
-        data = (source / rel).read_bytes()
-        if rel.suffix not in COMMENT or not needed(rel, data.decode()):
-            continue
-        if rel.suffix in COMMENT:
-            data = stub_text(data.decode(), f"solutions/{rel}").encode()
-        out[rel] = data
-    return out
+        out[rel] = stub_text((source / rel).read_text(), f"solutions/{rel}").encode()
+        if rel.suffix == ".py":
+            todo += [dep for name in RELATIVE.findall(out[rel].decode())
+                     if (dep := rel.parent / f"{name}.py") in files and dep not in out]
+    return dict(sorted(out.items()))
 
 
 def differences(source: Path = SOURCE, target: Path = TARGET) -> list[str]:
