@@ -414,10 +414,23 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
     kv = load("a08_gpt2_inference.kv_cache")
     gv = load("a08_gpt2_inference.gemv")
     smp = load("a08_gpt2_inference.sampling")
-    for dt in (FP32, BF16):                    # the sampling kernel: one program a row over GPT-2's vocabulary
-        yield Launch("a08", "_sample_kernel", f"{dt} BLOCK_V={smp.BLOCK_V} warps=8", smp._sample_kernel,
-                     (_dt(dt), _dt("int64"), _dt("int32"), _dt(FP32), _dt("int64"), 50257, 50257),
-                     dict(BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
+    nc = -(-50257 // smp.CHUNK)                # sampling.py's kernels over GPT-2's vocabulary
+    f32, i32, i64 = _dt(FP32), _dt("int32"), _dt("int64")
+    for dt in (FP32, BF16):
+        t = _dt(dt)
+        for greedy in (True, False):
+            mode = "greedy" if greedy else "sample"
+            yield Launch("a08", "_chunk_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} KC={smp.KC} warps=8", smp._chunk_kernel,
+                         (t, f32, i64, i32, f32, i32, i64, 50257, 50257, nc),
+                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, KC=smp.KC, num_warps=8))
+            yield Launch("a08", "_finish_kernel", f"{dt} {mode} KC={smp.KC} warps=8", smp._finish_kernel,
+                         (t, f32, i64, i32, f32, i32, i64, i64, 50257, 50257, nc),
+                         dict(GREEDY=greedy, NCP=_next_pow2(nc), KC=smp.KC, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
+        yield Launch("a08", "_mass_kernel", f"{dt} CHUNK={smp.CHUNK} warps=8", smp._mass_kernel,
+                     (t, f32, f32, i32, 50257, 50257, nc), dict(CHUNK=smp.CHUNK, num_warps=8))
+        yield Launch("a08", "_reject_kernel", f"{dt} BLOCK_V={smp.BLOCK_V} warps=8", smp._reject_kernel,
+                     (t, f32, i64, i32, f32, i32, i64, 50257, 50257, nc),
+                     dict(NCP=_next_pow2(nc), BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
     for dt in (FP32, BF16, FP16):
         only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
         t, f = _dt(dt), _dt(FP32)

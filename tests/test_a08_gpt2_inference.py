@@ -701,7 +701,9 @@ def test_sampled_tokens_follow_transformers_distribution(eng, one_layer_model, s
 def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
     """sampling.sample (given code) on an 8-token vocabulary (a GPU: 200): draws (one a row) at a fixed
     seed match softmax(logits / T) after top-k / top-p (chi-square, p > 1e-3), top-p and top-k never draw
-    outside the kept tokens, the draws differ between rows and repeat with the seed."""
+    outside the kept tokens, the draws differ between rows and repeat with the seed. The cases reach
+    each of the kernel's paths: the candidates (top-k <= KC), top-k beyond the candidates (one program
+    draws exactly), and sampling.argmax is torch.argmax."""
     smp = impl.load("a08_gpt2_inference.sampling")
     g = torch.Generator().manual_seed(seed)
     v, n = (200, 50000) if HAS_CUDA else (8, 100)
@@ -709,7 +711,7 @@ def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
     rows = logits.to(DEVICE).expand(n, -1).contiguous()
     pos = torch.arange(n, dtype=torch.int32, device=DEVICE) % 7
     key = torch.tensor([seed], device=DEVICE)
-    for t, k, p in [(1.0, 0, 1.0), (0.6, 0, 0.75), (1.0, 3, 1.0)]:
+    for t, k, p in [(1.0, 0, 1.0), (0.6, 0, 0.75), (1.0, 3, 1.0), (1.0, smp.KC + 2, 0.9)]:
         m = n if HAS_CUDA or k == 0 else 20          # interpreted top-k: ~4x slower a draw; support only
         tok = smp.sample(rows[:m], smp.SamplingParams(t, k, p).tensor(DEVICE), key, pos[:m]).cpu()
         probs = _hf_probs(logits, t, k, p)
@@ -718,9 +720,40 @@ def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
         if m == n:
             pv = _chi_square_p(counts, probs)
             assert pv > 1e-3, f"T={t} top_k={k} top_p={p}: chi-square p-value {pv:.1e}"
-    first = smp.sample(rows[:30], smp.SamplingParams().tensor(DEVICE), key, pos[:30]).cpu()
-    assert torch.equal(first, smp.sample(rows[:30], smp.SamplingParams().tensor(DEVICE), key, pos[:30]).cpu())
+    hot = smp.SamplingParams(temperature=50.0).tensor(DEVICE)      # near uniform: 30 draws of > 2 tokens
+    first = smp.sample(rows[:30], hot, key, pos[:30]).cpu()
+    assert torch.equal(first, smp.sample(rows[:30], hot, key, pos[:30]).cpu())
     assert len(set(first.tolist())) > 2, "30 rows drew (almost) the same token: the rows share a random stream"
+    noisy = rows[:5] + torch.randn(5, v, generator=g).to(DEVICE)
+    noisy[1, 3] = noisy[1, 5] = noisy[1].max() + 1                 # a tie: the first index, as torch.argmax
+    for dt in (torch.float32, torch.bfloat16):
+        assert smp.argmax(noisy.to(dt)).tolist() == noisy.to(dt).argmax(-1).tolist(), f"argmax {dt}"
+
+
+@pytest.mark.gpu
+@pytest.mark.given
+@pytest.mark.parametrize("scale", [3.0, 0.55], ids=["peaked", "flat"])
+def test_sample_kernel_on_gpt2_vocabulary(impl, scale, seed):
+    """sampling.sample over GPT-2's 50257 tokens (25 chunks): 20000 draws against the exact
+    distribution after each filter (chi-square on the cells expected >= 5 times, the rest pooled), none
+    outside the kept tokens. "flat" logits (a random-weight model's spread) put the nucleus below the
+    chunks' candidates, so top-p is decided by rejection (kernels C and D); top_k=100 > KC is drawn in
+    one program; argmax against torch.argmax."""
+    smp = impl.load("a08_gpt2_inference.sampling")
+    g = torch.Generator().manual_seed(seed)
+    v, n = 50257, 20000
+    logits = torch.randn(v, generator=g) * scale
+    rows = logits.cuda().expand(n, -1).contiguous()       # fp32: bf16 logits tie, and ties at a top-p
+    ref = logits                                           # border are kept here, cut by sort order there
+    pos = torch.arange(n, dtype=torch.int32, device="cuda")
+    for t, k, p in [(1.0, 0, 1.0), (0.8, 50, 1.0), (0.8, 0, 0.9), (0.8, 50, 0.9), (1.0, 100, 1.0)]:
+        tok = smp.sample(rows, smp.SamplingParams(t, k, p).tensor("cuda"), torch.tensor([seed], device="cuda"), pos).cpu()
+        probs = _hf_probs(ref, t, k, p)
+        counts = torch.bincount(tok, minlength=v).double()
+        assert int(counts[probs == 0].sum()) == 0, f"T={t} top_k={k} top_p={p}: draws outside the kept tokens"
+        pv = _chi_square_p(counts, probs)
+        assert pv > 1e-3, f"T={t} top_k={k} top_p={p}: chi-square p-value {pv:.1e}"
+    assert smp.argmax(rows[:4]).tolist() == rows[:4].argmax(-1).tolist()
 
 
 # ============================================================ GPU: GPT-2 small's shape, graphs, memory

@@ -78,7 +78,7 @@ from .gemv import MAX_ROWS as GEMV_ROWS
 from .gemv import gemv
 from .kv_cache import KVCache, write_kv
 from .layernorm import add_layernorm
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, argmax, sample
 
 
 #: Under the CPU interpreter every program costs milliseconds of Python: wide tiles, few programs.
@@ -460,6 +460,8 @@ class GPT2Engine:
         do_sample, eos = mode
         if do_sample:
             tok = sample(logits, self._params, self._seed, self.cache.lengths[:b])
+        elif logits.is_cuda:
+            tok = argmax(logits)        # sampling.py's chunked argmax: at batch 1 a third of torch.argmax's time
         else:
             tok = logits.argmax(-1)
         if eos:

@@ -1,30 +1,46 @@
-"""Sampling the next token on the GPU (given code): temperature, top-k, top-p, a Philox stream.
+"""Choosing the next token on the GPU (given code): greedy, or sampled with temperature, top-k, top-p.
 
-    from solutions.a08_gpt2_inference.sampling import SamplingParams, sample
-    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95).to_device("cuda")
-    tok = sample(logits, params.tensor, seed, positions)      # int64 [B]; no host sync
+    from solutions.a08_gpt2_inference.sampling import SamplingParams, sample, argmax
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95).tensor("cuda")
+    tok = sample(logits, params, seed, positions)      # int64 [B]; no host sync
+    tok = argmax(logits)                                # greedy: the first largest logit
 
 The filters are transformers' (``generate(do_sample=True)``), in its order: the logits are divided
 by the temperature; top-k keeps the tokens whose scaled logit is at least the k-th largest (ties
 kept); top-p keeps, of what is left, the most probable tokens whose probability mass before them
 is below p (the token that crosses p included); the token is drawn from the softmax of the kept
-logits. One program per row does it all in a few passes over the vocabulary, in fp32:
+logits.
 
-  1. max m and Z = Σ exp(x - m) of the scaled logits x (online, as in flash attention);
-  2. top-k: the k-th largest x, found exactly by a radix select on the float's bits (8 counting
-     passes of 4 bits each over an order-preserving integer key), and Z_k, the mass of the kept set;
-  3. a draw by inversion: one uniform u from Philox, keyed by (seed, row, position, round); the
-     token is the first (in vocabulary order) whose running sum of exp(x - m) over the kept set
-     exceeds u · Z_kept;
-  4. top-p, by rejection: the mass M of the kept tokens more probable than the drawn one is summed;
-     M < p · Z_k: the token is in the nucleus, done. Otherwise the nucleus lies wholly above it: the
-     next round draws again among the tokens more probable than it (their mass is M), and so on.
-     A draw restricted to a set that contains the nucleus, kept only when it lands inside, is a draw
-     from the nucleus; a few rounds suffice for the peaked distributions of a language model.
+At batch 1 a row of 50257 logits is all the work there is, so one program per row would leave
+131 of the H100's 132 SMs idle, and pass after pass over the row costs latency, not bandwidth.
+The row is cut into CHUNK-wide chunks, one program each, and every pass that can be is done there:
 
-Every parameter is read from a device tensor and the random stream is keyed by the position the
-token will take (``positions``, the cache lengths), not by a host counter: a decode step that
-samples is still one CUDA-graph replay, and the same seed gives the same tokens.
+  A. ``_chunk_kernel`` (B x NC programs, one read of the logits): per chunk the max m and
+     Z = sum exp(x - m) of the scaled logits x, and a draw by the **Gumbel-max trick**: with
+     g_i = -log(-log(u_i)), u_i uniform from Philox keyed by (seed, row, position, token),
+     argmax_i (x_i + g_i) is distributed as softmax(x). An argmax splits over chunks, so the
+     chunk's winner is kept. With a filter on, the chunk also keeps its **candidates**: the tokens
+     above a threshold t that at most KC tokens exceed (12 bisection steps on the value), and t.
+  B. ``_finish_kernel`` (one program a row): merges the chunks. No filter: the token is the best
+     chunk winner. A filter: every token above tau (the largest chunk threshold) is a candidate,
+     so a threshold above tau is exact. top-k: the k-th largest candidate (a radix select, a byte
+     at a time, by 256-bin histograms); above tau, the token is the Gumbel-max among the kept
+     candidates. top-p, by **rejection**: the drawn token is in the nucleus iff the mass of the
+     kept tokens more probable than it is below p * Z_k; when they are all candidates, B sums it,
+     and if it is too large draws again among them (fresh noise), until one lands inside. A draw
+     from a set that contains the nucleus, kept only when it lands inside, is a draw from the
+     nucleus.
+  C./D. Only when B could not decide. The nucleus reaches below the candidates (a flat
+     distribution, no top-k): C sums the mass above the drawn token over every chunk, D keeps it or
+     (about 1 - p of such steps) goes on with the rejection in one program (``_exact_draw``, by
+     inversion), which also serves a k-th largest below tau (top-k beyond the candidates, by a
+     radix select over the whole row).
+
+Greedy (``argmax``) is A and B without the noise: the first index of the largest logit, as
+torch.argmax, at a fraction of its cost at batch 1. Every parameter is read from a device tensor
+and the random stream is keyed by the position the token will take (``positions``, the cache
+lengths), not by a host counter: a decode step that samples is still one CUDA-graph replay, and the
+same seed gives the same tokens.
 """
 from __future__ import annotations
 
@@ -36,12 +52,23 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.launch import cdiv, next_power_of_2
 
-#: Vocabulary entries per step of a pass (the interpreter: fewer, for small test vocabularies)
+#: Logits per chunk program (A, C) and candidates each chunk keeps (the interpreter: small, so that
+#: the tests' vocabularies of 8-200 tokens span several chunks and reach every path)
+CHUNK = 16 if TRITON_INTERPRET else 2048
+KC = 4 if TRITON_INTERPRET else 64
+#: Warps of the chunk programs (A, C) and of the one-a-row programs (B, D)
+CHUNK_WARPS = 8
+ROW_WARPS = 8
+#: Vocabulary entries per step of _exact_draw's passes
 BLOCK_V = 64 if TRITON_INTERPRET else 2048
-#: At most this many top-p rounds (each one at least halves nothing in the worst case, but a round
-#: only ends without a token if rounding made the nucleus empty, which p > 0 rules out)
+#: At most this many rounds of _exact_draw (a round only ends without a token if rounding made the
+#: nucleus empty, which p > 0 rules out)
 MAX_ROUNDS = 64
+_I64_MIN = -9223372036854775808
+_I32_MAX = 2147483647
+_LOW32 = 4294967295
 
 
 @triton.jit
@@ -53,39 +80,126 @@ def _key(x):
 
 
 @triton.jit
+def _skey(x):
+    """An int32 key with the order of the fp32 values x (signed: _key - 2^31)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _pack(x, cols):
+    """int64 with the order of (x, -col): the key of x in the high word, the column in the low one."""
+    return (_skey(x).to(tl.int64) << 32) + (4294967295 - cols.to(tl.int64))
+
+
+@triton.jit
+def _unpack(p):
+    """(signed key, x, column) of packed candidates."""
+    ks = (p >> 32).to(tl.int32)
+    bits = tl.where(ks < 0, ks ^ 0x7FFFFFFF, ks)
+    return ks, bits.to(tl.float32, bitcast=True), (4294967295 - (p & 4294967295)).to(tl.int32)
+
+
+@triton.jit
+def _kth_key(ks, valid, k):
+    """The k-th largest of the int32 keys ks where valid, as int64 (-2^31 when fewer than k are
+    valid): a radix select, a byte at a time from the top, each byte's digit from a 256-bin histogram
+    of the keys that match the digits found so far (4 histograms, not 32 counting passes)."""
+    u = ks.to(tl.int64) + 2147483648                 # unsigned order, [0, 2^32)
+    bins = tl.arange(0, 256)
+    match = valid
+    remaining = k                                    # the rank sought among the matching keys
+    prefix = tl.full([], 0, tl.int64)
+    for it in tl.static_range(4):
+        shift = 24 - 8 * it
+        dig = ((u >> shift) & 255).to(tl.int32)
+        h = tl.histogram(dig, 256, mask=match)
+        above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)          # keys with a larger digit
+        digit = tl.max(tl.where((above < remaining) & (above + h >= remaining), bins, -1), axis=0)
+        remaining -= tl.sum(tl.where(bins > digit, h, 0), axis=0)
+        prefix = prefix | (digit.to(tl.int64) << shift)
+        match = match & (dig == digit)
+    few = tl.sum(valid.to(tl.int32), axis=0) < k
+    return tl.where(few, -2147483648, prefix - 2147483648)
+
+
+@triton.jit
+def _gumbel(seed, row, pos, cols, rnd):
+    """Gumbel noise -log(-log(u)) for each token of cols, u in [2^-24, 1 - 2^-24] from Philox keyed by
+    (seed, token, position, row, round)."""
+    z = cols * 0
+    r0, _, _, _ = tl.philox(seed, cols.to(tl.uint32), (z + pos).to(tl.uint32), (z + row).to(tl.uint32),
+                            (z + rnd).to(tl.uint32))
+    u = tl.maximum((r0 >> 8).to(tl.int32), 1).to(tl.float32) * 5.9604644775390625e-08
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
 def _scaled(base, cols, ok, temp):
     return tl.load(base + cols, mask=ok, other=float("-inf")).to(tl.float32) / temp
 
 
 @triton.jit
-def _sample_kernel(LOGITS, OUT, POS, PARAMS, SEED, V, s_row,
-                   BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
-    """Program b: OUT[b] = a token drawn from row b of LOGITS [B, V] (row stride s_row), filtered by
-    PARAMS = [temperature > 0, top_k (0: off), top_p (1: off)] (fp32), with the Philox stream of
-    (SEED[0], b, POS[b], round)."""
+def _chunk_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, V, s_row, NC,
+                  GREEDY: tl.constexpr, CHUNK: tl.constexpr, KC: tl.constexpr):
+    """A. Program (row, c): chunk c of row `row`. Writes the chunk's winner (largest x + g; greedy:
+    largest x, first index) to WSF[2] / WSI[0], its m and Z to WSF[0] / WSF[1] (slot row * NC + c of
+    each), and with a filter on its candidates: at most KC packed (x, column), the tokens above a
+    threshold t, to CAND (unsorted, the rest of the KC slots empty), and t's key (tau) to WSI[n + 2B]."""
     row = tl.program_id(0)
+    c = tl.program_id(1)
+    n = tl.num_programs(0) * NC
+    slot = row * NC + c
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    ok = cols < V
     base = LOGITS + row.to(tl.int64) * s_row
-    temp = tl.load(PARAMS)
-    top_k = tl.load(PARAMS + 1).to(tl.int32)
-    top_p = tl.load(PARAMS + 2)
-    seed = tl.load(SEED)
-    pos = tl.load(POS + row)
+    if GREEDY:
+        s = tl.load(base + cols, mask=ok, other=float("-inf")).to(tl.float32)
+    else:
+        temp = tl.load(PARAMS)
+        x = _scaled(base, cols, ok, temp)
+        m = tl.max(x, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(WSF + slot, m)
+        tl.store(WSF + n + slot, tl.sum(tl.exp(x - m_safe), axis=0))
+        s = tl.where(ok, x + _gumbel(tl.load(SEED), row, tl.load(POS + row), cols, 0), float("-inf"))
+    best = tl.max(s, axis=0)
+    tl.store(WSF + 2 * n + slot, best)
+    tl.store(WSI + slot, tl.min(tl.where(s == best, cols, 2147483647), axis=0))
+    if not GREEDY:
+        top_k = tl.load(PARAMS + 1).to(tl.int32)
+        top_p = tl.load(PARAMS + 2)
+        if (top_k > 0) | (top_p < 1.0):
+            # candidates: the tokens above a threshold t with at most KC tokens above it, as low as 12
+            # bisection steps on the value find it in [m - 20, m] (not the exact KC-th largest: any such
+            # t serves, since B checks its thresholds against the largest t), compacted by a cumsum
+            lo = m_safe - 20.0
+            hi = m_safe                                   # count(x > hi) <= KC
+            for _ in range(12):
+                mid = (lo + hi) * 0.5
+                fits = tl.sum((x > mid).to(tl.int32), axis=0) <= KC
+                hi = tl.where(fits, mid, hi)
+                lo = tl.where(fits, lo, mid)
+            sel = x > hi
+            pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            out = CAND + slot.to(tl.int64) * KC
+            tl.store(out + pos, _pack(x, cols), mask=sel)
+            jk = tl.arange(0, KC)
+            tl.store(out + jk, tl.full([KC], -9223372036854775808, tl.int64), mask=jk >= tl.sum(sel.to(tl.int32), axis=0))
+            # tau of this chunk: the tokens it leaves out have keys <= its t's
+            tl.store(WSI + n + 2 * tl.num_programs(0) + slot, _skey(hi))
+
+
+@triton.jit
+def _exact_draw(base, V, temp, top_k, top_p, seed, row, pos, m, z, lo0, z_kept0, rnd0,
+                BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    """D's fallback, one program over the row: the token, drawn exactly. lo0 < 0: from scratch (top-k
+    by a radix select over the key's 8 nibbles, then rounds from the kept set); else a rejection chain
+    already under way: the next round draws among the tokens with key >= lo0, whose mass is z_kept0."""
     offs = tl.arange(0, BLOCK_V)
-
-    # 1. max and sum of exp, online
-    m = tl.full([], float("-inf"), tl.float32)
-    z = tl.full([], 0.0, tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        cols = v0 + offs
-        x = _scaled(base, cols, cols < V, temp)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        z = z * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-        m = m_new
-
-    # 2. top-k: the key of the k-th largest x, 4 bits at a time from the top; then Z_k
     thr = tl.full([], 0, tl.int64)                       # kept: key >= thr (0: every token)
-    z_kept = z
-    if (top_k > 0) & (top_k < V):
+    z_k = z
+    if (lo0 < 0) & (top_k > 0) & (top_k < V):
         bins = tl.arange(0, 16)
         remaining = top_k
         for it in tl.static_range(8):
@@ -105,22 +219,20 @@ def _sample_kernel(LOGITS, OUT, POS, PARAMS, SEED, V, s_row,
             digit = tl.max(tl.where(above + counts >= remaining, bins, -1), axis=0)
             remaining -= tl.sum(tl.where(bins > digit, counts, 0), axis=0)
             thr = thr | (digit.to(tl.int64) << shift)
-        z_kept = tl.full([], 0.0, tl.float32)
+        z_k = tl.full([], 0.0, tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + offs
             ok = cols < V
             x = _scaled(base, cols, ok, temp)
-            z_kept += tl.sum(tl.where(ok & (_key(x) >= thr), tl.exp(x - m), 0.0), axis=0)
-    z_k = z_kept
-
-    # 3./4. draw by inversion among the kept tokens above `lo`; top-p rounds by rejection
-    lo = thr
-    rnd = 0
+            z_k += tl.sum(tl.where(ok & (_key(x) >= thr), tl.exp(x - m), 0.0), axis=0)
+    lo = tl.where(lo0 < 0, thr, lo0)
+    z_kept = tl.where(lo0 < 0, z_k, z_kept0)
+    rnd = rnd0
     todo = True
     tok = tl.full([], 0, tl.int32)
     while todo:
         r0, _, _, _ = tl.philox(seed, (rnd + 0 * row).to(tl.uint32), pos.to(tl.uint32), row.to(tl.uint32),
-                                (0 * row).to(tl.uint32))
+                                (2147483647 + 0 * row).to(tl.uint32))      # not a Gumbel round's key
         target = tl.uint_to_uniform_float(r0) * z_kept
         carry = tl.full([], 0.0, tl.float32)
         first = tl.full([], 2147483647, tl.int32)
@@ -150,9 +262,127 @@ def _sample_kernel(LOGITS, OUT, POS, PARAMS, SEED, V, s_row,
             lo = tl.where(todo, key_s + 1, lo)
             z_kept = tl.where(todo, mass, z_kept)
             rnd += 1
-    tl.store(OUT + row, tok.to(tl.int64))
+    return tok
 
 
+@triton.jit
+def _finish_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, OUT, V, s_row, NC,
+                   GREEDY: tl.constexpr, NCP: tl.constexpr, KC: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    """B. Program row: the token from the chunks' results; or, for C and D, WSI[n + row] = 1 (test the
+    drawn token against the nucleus) / 2 (top-k beyond the candidates: draw in D), with the row's
+    max, Z_k and the drawn token's key at WSF[3n + row], WSF[3n + B + row], WSI[n + B + row]."""
+    row = tl.program_id(0)
+    nb = tl.num_programs(0)
+    n = nb * NC
+    cs = tl.arange(0, NCP)
+    okc = cs < NC
+    slot = row * NC + cs
+    best = tl.load(WSF + 2 * n + slot, mask=okc, other=float("-inf"))
+    top = tl.max(best, axis=0)
+    tok = tl.min(tl.where(okc & (best == top), tl.load(WSI + slot, mask=okc, other=0), 2147483647), axis=0)
+    need = 0
+    if not GREEDY:
+        mc = tl.load(WSF + slot, mask=okc, other=float("-inf"))
+        m = tl.max(mc, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        z = tl.sum(tl.load(WSF + n + slot, mask=okc, other=0.0) * tl.exp(mc - m_safe), axis=0)
+        top_k = tl.load(PARAMS + 1).to(tl.int32)
+        top_p = tl.load(PARAMS + 2)
+        z_k = z
+        key_t = tl.full([], 0, tl.int32)
+        if (top_k > 0) | (top_p < 1.0):
+            j = tl.arange(0, NCP * KC)
+            cand = tl.load(CAND + row.to(tl.int64) * NC * KC + j, mask=j < NC * KC, other=-9223372036854775808)
+            # tau: every token with a larger key is a candidate, so a threshold above tau is exact
+            tau_k = tl.max(tl.load(WSI + n + 2 * nb + slot, mask=okc, other=-2147483648), axis=0)
+            ks, xs, cols = _unpack(cand)
+            valid = cand != -9223372036854775808
+            k_on = (top_k > 0) & (top_k < V)
+            thr = tl.full([], -2147483648, tl.int64)
+            exact = True
+            if k_on:
+                thr = _kth_key(ks, valid, top_k)
+                exact = thr > tau_k                  # then every token at or above it is a candidate
+            kept = valid & (ks >= thr)
+            w = tl.where(kept, tl.exp(xs - m_safe), 0.0)
+            z_k = tl.where(k_on, tl.sum(w, axis=0), z)
+            seed = tl.load(SEED)
+            pos = tl.load(POS + row)
+            g = tl.where(kept, xs + _gumbel(seed, row, pos, cols, 0), float("-inf"))
+            gbest = tl.max(g, axis=0)
+            gtok = tl.min(tl.where(g == gbest, cols, 2147483647), axis=0)
+            tok = tl.where(k_on, gtok, tok)          # top-k: the draw among the kept; else A's draw
+            need = tl.where(exact, 0, 2)
+            key_t = _skey(_scaled(LOGITS + row.to(tl.int64) * s_row, tok, True, tl.load(PARAMS)))
+            # top-p by rejection: the drawn token is in the nucleus iff the mass of the kept tokens more
+            # probable than it is below p * Z_k; that mass is known here when they are all candidates
+            # (its key >= tau); rejected, the next round draws among them (fresh noise), and so on
+            go = exact & (top_p < 1.0)
+            rnd = 0
+            while go:
+                short = key_t < tau_k
+                above = kept & (ks > key_t)
+                inside = tl.sum(tl.where(above, w, 0.0), axis=0) < top_p * z_k
+                need = tl.where(short, 1, need)       # the mass above needs every chunk: C and D
+                rnd += 1
+                go = (~short) & (~inside) & (rnd < MAX_ROUNDS)
+                g = tl.where(above, xs + _gumbel(seed, row, pos, cols, rnd), float("-inf"))
+                gbest = tl.max(g, axis=0)
+                nxt = tl.min(tl.where(g == gbest, cols, 2147483647), axis=0)
+                tok = tl.where(go, nxt, tok)
+                key_t = tl.where(go, tl.max(tl.where(cols == nxt, ks, -2147483648), axis=0), key_t)
+        tl.store(WSF + 3 * n + row, m_safe)
+        tl.store(WSF + 3 * n + nb + row, z_k)
+        tl.store(WSI + n + row, need)
+        tl.store(WSI + n + nb + row, key_t)
+    tl.store(OUT + row, tl.minimum(tl.maximum(tok, 0), V - 1).to(tl.int64))
+
+
+@triton.jit
+def _mass_kernel(LOGITS, PARAMS, WSF, WSI, V, s_row, NC, CHUNK: tl.constexpr):
+    """C. Program (row, c), only where B asked (WSI[n + row] == 1): the mass exp(x - max) of chunk c's
+    tokens more probable than the drawn one, to WSF[3n + 2B + row * NC + c]."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    nb = tl.num_programs(0)
+    n = nb * NC
+    if tl.load(WSI + n + row) == 1:
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        ok = cols < V
+        x = _scaled(LOGITS + row.to(tl.int64) * s_row, cols, ok, tl.load(PARAMS))
+        above = ok & (_skey(x) > tl.load(WSI + n + nb + row))
+        mass = tl.sum(tl.where(above, tl.exp(x - tl.load(WSF + 3 * n + row)), 0.0), axis=0)
+        tl.store(WSF + 3 * n + 2 * nb + row * NC + c, mass)
+
+
+@triton.jit
+def _reject_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, OUT, V, s_row, NC, NCP: tl.constexpr,
+                   BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    """D. Program row, only where B asked: keep B's token if the mass above it is below p * Z (1), else
+    draw exactly in one program (_exact_draw): the rejection chain's next rounds (1), or all of it (2)."""
+    row = tl.program_id(0)
+    nb = tl.num_programs(0)
+    n = nb * NC
+    need = tl.load(WSI + n + row)
+    if need != 0:
+        top_p = tl.load(PARAMS + 2)
+        z_k = tl.load(WSF + 3 * n + nb + row)
+        lo0 = tl.full([], -1, tl.int64)
+        z_kept0 = tl.full([], 0.0, tl.float32)
+        rnd0 = tl.full([], 0, tl.int32)
+        accept = False
+        if need == 1:
+            cs = tl.arange(0, NCP)
+            mass = tl.sum(tl.load(WSF + 3 * n + 2 * nb + row * NC + cs, mask=cs < NC, other=0.0), axis=0)
+            accept = mass < top_p * z_k
+            lo0 = tl.load(WSI + n + nb + row).to(tl.int64) + 2147483649      # _key of the next larger x
+            z_kept0 = mass
+            rnd0 = tl.full([], 1, tl.int32)
+        if not accept:
+            tok = _exact_draw(LOGITS + row.to(tl.int64) * s_row, V, tl.load(PARAMS), tl.load(PARAMS + 1).to(tl.int32),
+                              top_p, tl.load(SEED), row, tl.load(POS + row), tl.load(WSF + 3 * n + row), z_k,
+                              lo0, z_kept0, rnd0, BLOCK_V, MAX_ROUNDS)
+            tl.store(OUT + row, tok.to(tl.int64))
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature > 0; top_k >= 0 (0: off); 0 < top_p <= 1 (1: off). transformers' meanings."""
@@ -193,9 +423,38 @@ def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, posit
                          f"{tuple(seed.shape)}, {tuple(positions.shape)}")
     if logits.stride(-1) != 1:
         raise ValueError(f"logits: the last dim must be contiguous, got strides {logits.stride()}")
+    return _choose(logits, params, seed, positions, out, greedy=False)
+
+
+def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Greedy: the index of each row's largest logit (the first one on a tie, as torch.argmax), int64
+    [B]. logits [B, V] (fp32/fp16/bf16, last dim contiguous). Graph-capturable."""
+    check_tensor(logits, "logits", dtypes=FLOAT_DTYPES, ndim=2)
+    if logits.stride(-1) != 1:
+        raise ValueError(f"logits: the last dim must be contiguous, got strides {logits.stride()}")
+    return _choose(logits, logits, logits, logits, out, greedy=True)
+
+
+def _choose(logits, params, seed, positions, out, greedy: bool) -> torch.Tensor:
+    """Launch A and B (and C and D when sampling) over ``logits`` [B, V] (checked)."""
+    b, v = logits.shape
     if out is None:
         out = torch.empty(b, dtype=torch.long, device=logits.device)
-    if b:
-        _sample_kernel[(b,)](logits, out, positions, params, seed, v, logits.stride(0),
-                             BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
+    if not b:
+        return out
+    nc = cdiv(v, CHUNK)
+    n = b * nc
+    dev, s_row = logits.device, logits.stride(0)
+    wsf = torch.empty(4 * n + 2 * b, dtype=torch.float32, device=dev)     # m, Z, best | max, Z_k | masses
+    wsi = torch.empty(2 * n + 2 * b, dtype=torch.int32, device=dev)       # winners | need, drawn key | tau
+    cand = torch.empty(1 if greedy else n * KC, dtype=torch.int64, device=dev)
+    _chunk_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, v, s_row, nc,
+                           GREEDY=greedy, CHUNK=CHUNK, KC=KC, num_warps=CHUNK_WARPS)
+    _finish_kernel[(b,)](logits, params, seed, positions, wsf, wsi, cand, out, v, s_row, nc,
+                         GREEDY=greedy, NCP=next_power_of_2(nc), KC=KC, MAX_ROUNDS=MAX_ROUNDS,
+                         num_warps=ROW_WARPS)
+    if not greedy:
+        _mass_kernel[(b, nc)](logits, params, wsf, wsi, v, s_row, nc, CHUNK=CHUNK, num_warps=CHUNK_WARPS)
+        _reject_kernel[(b,)](logits, params, seed, positions, wsf, wsi, out, v, s_row, nc,
+                             NCP=next_power_of_2(nc), BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
     return out

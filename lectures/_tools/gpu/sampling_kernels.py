@@ -1,0 +1,71 @@
+"""Time sampling.py's kernels alone (GPU): us per call, CUDA-graph replay of 20 calls, median of 50,
+bf16 logits [B, 50257], "peaked" (N(0, 3^2)) and "flat" (N(0, 0.55^2), a random-weight model's spread).
+
+    PYTHONPATH=. python lectures/_tools/gpu/sampling_kernels.py [--old path/to/an/old/sampling.py]
+
+--old: also time another version of sampling.py (e.g. `git show f4a0c39:solutions/a08_gpt2_inference/
+sampling.py > /tmp/old_sampling.py`, the one-program-a-row kernel) on the same inputs.
+Numbers in lectures/results/a08_sampling.md."""
+import argparse
+import importlib.util
+
+import torch
+
+from solutions.a08_gpt2_inference import sampling as smp
+
+CONFIGS = ((1.0, 0, 1.0), (0.8, 50, 1.0), (0.8, 0, 0.9), (0.8, 50, 0.9), (0.8, 100, 1.0), (0.8, 1000, 1.0))
+
+
+def graph_us(fn, reps: int = 50) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(20):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / 20)
+    return sorted(ts)[len(ts) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", help="another sampling.py to time on the same inputs")
+    args = ap.parse_args()
+    old = None
+    if args.old:
+        spec = importlib.util.spec_from_file_location("old_sampling", args.old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+    print(torch.cuda.get_device_name())
+    for b in (1, 8):
+        for name, scale in (("peaked", 3.0), ("flat", 0.55)):
+            torch.manual_seed(0)
+            lg = (torch.randn(b, 50257, device="cuda") * scale).to(torch.bfloat16)
+            seed = torch.tensor([1], device="cuda")
+            pos = torch.arange(b, dtype=torch.int32, device="cuda") + 100
+            row = [f"B={b} {name}:", f"torch.argmax {graph_us(lambda: lg.argmax(-1)):.1f}",
+                   f"argmax {graph_us(lambda: smp.argmax(lg)):.1f}"]
+            for cfg in CONFIGS:
+                pt = smp.SamplingParams(*cfg).tensor("cuda")
+                cell = f"{cfg}: {graph_us(lambda: smp.sample(lg, pt, seed, pos)):.1f}"
+                if old is not None:
+                    cell += f" (old {graph_us(lambda: old.sample(lg, pt, seed, pos)):.1f})"
+                row.append(cell)
+            print(" | ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
