@@ -12,32 +12,14 @@ import importlib.util
 import torch
 
 from solutions.a08_gpt2_inference import sampling as smp
+from solutions.a08_gpt2_inference.bench import rotated_ms
 
 CONFIGS = ((1.0, 0, 1.0), (0.8, 50, 1.0), (0.8, 0, 0.9), (0.8, 50, 0.9), (0.8, 100, 1.0), (0.8, 1000, 1.0))
 
 
 def graph_us(fn, reps: int = 50) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(20):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / 20)
-    return sorted(ts)[len(ts) // 2]
+    """us per call: 20 calls captured in one CUDA graph, the median over ``reps`` replays / 20."""
+    return 1000 * rotated_ms(lambda i: fn(), copies=20, reps=reps)
 
 
 def main() -> None:
