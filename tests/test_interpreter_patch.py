@@ -229,3 +229,36 @@ def test_fp32_to_bf16_rounds_to_nearest_even():
     before = it.InterpreterBuilder.cast_impl
     patch_bf16_round()
     assert it.InterpreterBuilder.cast_impl is before
+
+
+@triton.jit
+def row_sums_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS calls of tl.sum (a device function of triton.language.standard, whose module sees tl.core)
+    and of _load_helper (this module's, which sees tl) per program."""
+    offs = tl.arange(0, BLOCK)
+    for r in range(ROWS):
+        tl.store(out_ptr + r, tl.sum(_load_helper(x_ptr + r * n, offs, offs < n), axis=0))
+
+
+def test_device_calls_reuse_the_launch_patches(monkeypatch):
+    """Speed only (common.interpreter_patch._patch_device_calls): inside a launch, a device function whose
+    modules are already patched does not walk triton.language again (plain Triton re-patches on every
+    call): the patch runs for the launch and for the first call that sees a module the launch did not
+    patch (tl.core, which Triton then leaves patched), not once per call. The results are plain Triton's
+    and the launch's patches are undone when it ends (tl.load is a builtin again)."""
+    from triton.runtime import interpreter as it
+    assert getattr(it._patch_lang, "_course_device_calls", False)
+    patched = []                 # one entry per module a _patch_lang call patched (tl, tl.core)
+    core = it._patch_lang_core
+    monkeypatch.setattr(it, "_patch_lang_core", lambda lang, scope: (patched.append(lang.__name__), core(lang, scope)))
+    x = torch.randn(6, 37)
+    out = torch.zeros(6)
+    row_sums_kernel[(1,)](x, out, 37, BLOCK=64, ROWS=6)
+    first = list(patched)
+    patched.clear()
+    row_sums_kernel[(1,)](x, out, 37, BLOCK=64, ROWS=6)
+    assert torch.allclose(out, x.sum(dim=1), rtol=1e-6, atol=1e-5), (out, x.sum(dim=1))
+    # plain Triton: 13 (the launch, then each of the 6 rows' _load_helper and tl.sum calls)
+    assert first.count("triton.language") == 1 and set(first) <= {"triton.language", "triton.language.core"}, first
+    assert patched == ["triton.language"], patched                              # the launch's own patch only
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)  # undone at the launch's end
