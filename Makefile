@@ -37,7 +37,8 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-# --mutants: also the slow course self-checks (the mutation checks, the stub check); CI runs this.
+# --mutants: also the slow course self-checks (the mutation checks, the stub check); CI runs this. On a
+# CPU-only machine it runs in one worker process per core (tests/autograder.py; COURSE_WORKERS=0: one).
 test: $(STAMP)
 	$(BIN)/python -m pytest --impl solutions --mutants --durations=25
 

@@ -23,8 +23,12 @@ solutions``, ``pytest tests/``) goes to several worker processes, a test file at
 filled, runs stay in one process: there the GPU is the shared resource, and processes that share
 one GPU take turns on it (on the H100 a warm run took 164 s in 4 workers, 116 s in one).
 Named files (``pytest tests/test_a03_fused_linear.py``, the grader) and ``--mutants`` runs stay in
-one process too. ``COURSE_WORKERS=N`` sets the number of workers for any run (``0`` or ``1``: one
-process; on a CPU-only machine too); ``-n`` wins over both.
+one process too. On a CPU-only machine the other way round: a ``--mutants`` run over whole folders
+(``make test``, CI's 2 cores) goes to one worker per core (up to 4), since the Triton interpreter, nvcc
+and the graders' subprocesses each keep one core busy; a test file at a time (the tests of
+``SPLIT_FILES`` one at a time), the slowest first (``SLOW_FILES``), so that the run ends on short ones.
+Other CPU-only runs stay in one process. ``COURSE_WORKERS=N`` sets the number of workers for any run
+(``0`` or ``1``: one process); ``-n`` wins over both.
 """
 from __future__ import annotations
 
@@ -66,7 +70,12 @@ def auto_workers(config) -> tuple[int, str]:
                                     "(0 or 1 for one process)") from None
         return (n, f"COURSE_WORKERS={n}") if n > 1 else (0, "")
     whole_folders = all(Path(str(a).split("::")[0]).is_dir() for a in config.args)
-    if not HAS_CUDA or config.getoption("--mutants") or not whole_folders or triton_cache_entries() >= COLD_CACHE:
+    if not HAS_CUDA:
+        if not (config.getoption("--mutants") and whole_folders):
+            return 0, ""
+        n = min(4, os.cpu_count() or 1)
+        return (n, CPU_SELF_CHECK) if n > 1 else (0, "")
+    if config.getoption("--mutants") or not whole_folders or triton_cache_entries() >= COLD_CACHE:
         return 0, ""
     n = min(4, (os.cpu_count() or 1) // 4)   # each worker compiles with threads of its own
     return (n, "Triton's kernel cache is empty: a first run") if n > 1 else (0, "")
@@ -74,6 +83,54 @@ def auto_workers(config) -> tuple[int, str]:
 
 #: Fewer compiled kernels than this in Triton's cache: a first run (a full one leaves about 600).
 COLD_CACHE = 100
+
+#: Why a CPU-only run gets workers: the whole suite with the self-checks (make test, CI's 2 cores), where the
+#: Triton interpreter, nvcc and the graders' subprocesses each keep one core busy.
+CPU_SELF_CHECK = "CPU-only run of the whole suite with --mutants"
+
+#: The test files that take longest on CI's 2-core machine, slowest first (the mutation pools about 650 s
+#: of CPU, the grader's whole-tree runs 330 s, the notebooks 150 s, stage 8 120 s, the nvcc compiles 20-60 s a
+#: file), started first so that the last to finish are short: a file (for SPLIT_FILES a test) goes to the
+#: next idle worker.
+SLOW_FILES = ("test_mutants.py", "test_grader.py", "test_notebooks.py", "test_a08_gpt2_inference.py",
+              "test_a07c_flash_hopper.py", "test_a06_matmul.py", "test_a07_flash_attention.py", "test_course.py",
+              "test_portability.py", "test_ncu.py", "test_colab.py", "test_a04_cuda_gelu.py")
+#: Files whose tests share no state worth keeping in one process (each grades or executes on its own, in
+#: subprocesses): spread a test at a time. The others go to one worker a file at a time (module fixtures,
+#: the mutation pools of test_mutants.py).
+SPLIT_FILES = ("test_grader.py", "test_notebooks.py")
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a CPU_SELF_CHECK worker takes at a time: a test of SPLIT_FILES, else its file."""
+    file = nodeid.split("::")[0]
+    return nodeid if Path(file).name in SPLIT_FILES else file
+
+
+def xdist_rank(scope: str) -> int:
+    """Where a unit of work comes in the queue: SLOW_FILES in their order, then the rest (by their number of
+    tests, xdist's own order)."""
+    name = Path(scope.split("::")[0]).name
+    return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """For CPU_SELF_CHECK runs: xdist's load-scope scheduling, the scopes of xdist_scope handed out in
+    xdist_rank's order."""
+    if getattr(config, "course_workers_why", None) != CPU_SELF_CHECK:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            first = min(self.workqueue, key=xdist_rank)        # min: the first of the lowest rank
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+    return SlowFirst(config, log)
 
 
 def triton_cache_entries() -> int:
@@ -98,7 +155,7 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = n
         config.course_workers_why = why
         if config.option.dist == "no":
-            config.option.dist = "loadfile"
+            config.option.dist = "loadscope" if why == CPU_SELF_CHECK else "loadfile"
 
 
 def pytest_configure(config):
@@ -124,7 +181,9 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     why = getattr(config, "course_workers_why", None)
-    workers = (f"  |  {config.option.numprocesses} worker processes, a test file each ({why}; "
+    each = "a test file (or a test of " + ", ".join(SPLIT_FILES) + ") each, slowest first" if why == CPU_SELF_CHECK \
+        else "a test file each"
+    workers = (f"  |  {config.option.numprocesses} worker processes, {each} ({why}; "
                "COURSE_WORKERS=0: one process)" if why else "")
     lent = f"  |  borrowed from solutions/: {os.environ[BORROW_VAR]}" if os.environ.get(BORROW_VAR) else ""
     return (f"impl: {Impl.get().root}{lent}  |  GPU: {'yes' if HAS_CUDA else 'no (GPU tests skip; Triton runs interpreted)'}"

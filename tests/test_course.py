@@ -89,13 +89,15 @@ def test_same_public_api(module):
 
 @pytest.mark.mutants
 def test_untouched_stubs_fail_every_graded_test(tmp_path):
-    """Run the graded tests against assignments/: none may pass."""
+    """Run the graded tests against assignments/: none may pass. ``--tb=no``: the verdicts (and each failure's
+    message, in the report and the summary lines) are all this reads; formatting some 400 full tracebacks
+    took two thirds of the run (71 s of 77 on one core)."""
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test), where assignments/ are the stubs")
     xml = tmp_path / "stubs.xml"
     env = dict(os.environ, COURSE_IMPL="assignments")
     r = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "tests"), "-m", "graded", "--impl", "assignments",
-                        "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"],
+                        "-q", "-p", "no:cacheprovider", "--tb=no", f"--junitxml={xml}"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert xml.exists(), f"the stub run produced no report:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     out = junit_outcomes(xml)
@@ -185,7 +187,8 @@ class _Config:
 
 def test_workers_only_for_a_first_run_over_whole_folders_on_a_gpu(monkeypatch, tmp_path):
     """A GPU run over whole folders with an empty Triton cache gets workers; named files, --mutants,
-    -n, a filled cache and a CPU-only machine stay in one process; COURSE_WORKERS overrides."""
+    -n, a filled cache and a CPU-only machine stay in one process; COURSE_WORKERS overrides. On a
+    CPU-only machine a --mutants run over whole folders (make test, CI) gets one worker per core, up to 4."""
     import tests.autograder as ag
     tests_dir, one_file = REPO / "tests", REPO / "tests" / "test_course.py"
     monkeypatch.delenv("COURSE_WORKERS", raising=False)
@@ -212,6 +215,28 @@ def test_workers_only_for_a_first_run_over_whole_folders_on_a_gpu(monkeypatch, t
     monkeypatch.setattr(ag, "HAS_CUDA", False)
     (tmp_path / "k0").rmdir()
     assert ag.auto_workers(_Config([tests_dir]))[0] == 0            # no GPU: nothing to compile for
+    assert ag.auto_workers(_Config([tests_dir], mutants=True)) == (4, ag.CPU_SELF_CHECK)   # make test on a CPU
+    assert ag.auto_workers(_Config([one_file], mutants=True))[0] == 0
+    assert ag.auto_workers(_Config([tests_dir], mutants=True, n=0))[0] == 0
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert ag.auto_workers(_Config([tests_dir], mutants=True))[0] == 2                      # CI's 2 cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert ag.auto_workers(_Config([tests_dir], mutants=True))[0] == 0
+
+
+def test_cpu_self_check_hands_out_the_slowest_work_first():
+    """make test's workers on a CPU (tests/autograder.py): a file at a time, the grader's and the notebooks'
+    tests one at a time, the slowest files first, the others after them; every file named exists."""
+    import tests.autograder as ag
+    assert ag.xdist_scope("tests/test_a03_fused_linear.py::test_add_bias[1]") == "tests/test_a03_fused_linear.py"
+    assert ag.xdist_scope("tests/test_mutants.py::test_mutant_is_caught[a01-x]") == "tests/test_mutants.py"
+    one = "tests/test_grader.py::test_many_submissions"
+    assert ag.xdist_scope(one) == one
+    scopes = ["tests/test_a01_roundtrip_linear.py", "tests/test_notebooks.py::test_executes_and_plots[x]",
+              "tests/test_mutants.py", one]
+    assert [s for s in sorted(scopes, key=ag.xdist_rank)] == scopes[2:] + scopes[1:2] + scopes[:1]
+    assert set(ag.SPLIT_FILES) <= set(ag.SLOW_FILES)
+    assert all((REPO / "tests" / f).is_file() for f in ag.SLOW_FILES), ag.SLOW_FILES
 
 
 def test_every_stage_has_one_bench_that_takes_impl():

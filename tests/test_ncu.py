@@ -111,21 +111,31 @@ def _cli(*args, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_missing_ncu_says_where_to_get_it(tmp_path):
+def _front_end(monkeypatch, capsys, *args, **env) -> tuple[int, str]:
+    """``python -m common.ncu ARGS`` with ``env`` (its front end, main(), in this process: what it answers before
+    any profiling needs no process of its own): (exit code, stderr)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code = ncu.main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_missing_ncu_says_where_to_get_it(tmp_path, monkeypatch, capsys):
     if Path("/usr/local/cuda/bin/ncu").exists():
         pytest.skip("this machine has /usr/local/cuda/bin/ncu")
-    p = _cli("a05", PATH=str(tmp_path), CUDA_HOME=str(tmp_path))
-    assert p.returncode == 2
-    assert "ncu (Nsight Compute) was not found on PATH" in p.stderr and "NCU=/path/to/ncu" in p.stderr
-    p = _cli("a05", NCU=str(tmp_path / "nope"))
-    assert p.returncode == 2 and "is not an executable" in p.stderr
+    with monkeypatch.context() as m:
+        code, err = _front_end(m, capsys, "a05", PATH=str(tmp_path), CUDA_HOME=str(tmp_path))
+    assert code == 2
+    assert "ncu (Nsight Compute) was not found on PATH" in err and "NCU=/path/to/ncu" in err
+    code, err = _front_end(monkeypatch, capsys, "a05", NCU=str(tmp_path / "nope"))
+    assert code == 2 and "is not an executable" in err
 
 
-def test_stage_without_a_case_and_unknown_stage():
-    p = _cli("a01")
-    assert p.returncode == 1 and "has no benchmark case" in p.stderr
-    p = _cli("a42")
-    assert p.returncode == 1 and "no stage 'a42'" in p.stderr
+def test_stage_without_a_case_and_unknown_stage(monkeypatch, capsys):
+    code, err = _front_end(monkeypatch, capsys, "a01")
+    assert code == 1 and "has no benchmark case" in err
+    code, err = _front_end(monkeypatch, capsys, "a42")
+    assert code == 1 and "no stage 'a42'" in err
 
 
 FAKE_NCU = r'''#!{python}
