@@ -138,6 +138,33 @@ def grader_outcomes(request, tmp_path_factory):
 
 
 @pytest.mark.mutants
+@pytest.mark.skipif(HAS_CUDA, reason="the zygote serves CPU runs only (CUDA is not fork-safe)")
+def test_zygote_workers_pass_crash_and_time_out_as_processes_do(tmp_path):
+    """The grader-alone checks run their workers forked from mutants/zygote.py: a worker that passes, exits
+    at import, aborts (a signal) or hangs past the time limit gets the judge's verdict of a new process."""
+    import shutil
+
+    from common.grade import judge
+    from common.stages import by_key
+    from mutants.zygote import forked_workers
+    sub = tmp_path / "sub"
+    shutil.copytree(REPO / "solutions", sub, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, at_import in (("a02_pretransposed_linear/pretransposed_linear.py", "__import__('os')._exit(3)\n"),
+                           ("a03_fused_linear/fused_linear.py", "__import__('time').sleep(600)\n"),
+                           ("a05_triton_gelu/gelu_triton.py", "__import__('os').abort()\n")):
+        path = sub / rel
+        path.write_text(path.read_text().replace("import torch\n", "import torch\n" + at_import, 1))
+    with forked_workers() as zygote:
+        assert zygote.ready, "the zygote did not start: its workers would be new processes"
+        got = {key: judge.run_stage(sub, by_key(key), 5) for key in ("a01", "a02", "a03", "a05")}
+    assert zygote.forked == 4, f"{4 - zygote.forked} of the 4 workers were new processes, not forks"
+    assert got["a01"].correctness == "pass", got["a01"].message
+    assert got["a02"].message.startswith("crashed (exit 3)"), got["a02"].message
+    assert got["a03"].message == "timed out after 5 s", got["a03"].message
+    assert got["a05"].message.startswith("crashed with SIGABRT (signal 6)"), got["a05"].message
+
+
+@pytest.mark.mutants
 @pytest.mark.parametrize("gmutant", GRADER_MUTANTS, ids=[m.id for m in GRADER_MUTANTS])
 def test_grader_alone_rejects_mutant(gmutant, grader_outcomes):
     """Cheats and precision faults: the grader's trials alone (no tests) score the stage 0."""

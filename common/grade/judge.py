@@ -71,11 +71,17 @@ def run_stage(impl: Path | str, stage, timeout: float, timed: bool | None = None
     return _judge_timing(stage, timing, res)
 
 
+#: How the judge runs a worker (subprocess.run's signature). The course's mutation checks, which grade
+#: dozens of submissions in one judge process, fork them from a process that made the imports once
+#: (tests/mutants/zygote.py); the grader always starts a new process.
+RUN_WORKER = subprocess.run
+
+
 def _worker(impl, key: str, io: Path, timeout: float, *extra: str) -> tuple[object, str]:
     """Run the worker; (the process, '') or (None, why: a time-out)."""
     cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl), "--io", str(io), *extra]
     try:
-        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout), ""
+        return RUN_WORKER(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout), ""
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:.0f} s"
 

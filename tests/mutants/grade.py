@@ -2,7 +2,8 @@
 (tests/ on sys.path). For each mutant: copy solutions/, apply its edits, and grade its stage with the
 grader's trials only, as ``python -m common.grade --no-tests`` does (common.grade.judge.run_stage: the
 judge in this process, the submission in its worker processes), then score it. One judge process
-grades many mutants, so torch, triton and transformers are imported once, not once per mutant.
+grades many mutants, so torch, triton and transformers are imported once, not once per mutant; on a
+CPU its workers are forked from a process that imported them once too (mutants/zygote.py).
 """
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ from common.grade.score import score
 from common.stages import by_key
 from mutants import all_mutants
 from mutants.run import _claim, apply
+from mutants.zygote import forked_workers
 
 
 def grade(ids: list[str], claims: Path | None = None, timeout: float = 900) -> dict[str, dict]:
+    with forked_workers():
+        return _grade(ids, claims, timeout)
+
+
+def _grade(ids: list[str], claims: Path | None, timeout: float) -> dict[str, dict]:
     wanted = {m.id: m for m in all_mutants()}
     results = {}
     for mid in ids:
