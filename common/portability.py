@@ -420,17 +420,17 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
         t = _dt(dt)
         for greedy in (True, False):
             mode = "greedy" if greedy else "sample"
-            yield Launch("a08", "_chunk_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} KC={smp.KC} warps=8", smp._chunk_kernel,
-                         (t, f32, i64, i32, f32, i32, i64, 50257, 50257, nc),
-                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, KC=smp.KC, num_warps=8))
-            yield Launch("a08", "_finish_kernel", f"{dt} {mode} KC={smp.KC} warps=8", smp._finish_kernel,
-                         (t, f32, i64, i32, f32, i32, i64, i64, 50257, 50257, nc),
-                         dict(GREEDY=greedy, NCP=_next_pow2(nc), KC=smp.KC, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
-        yield Launch("a08", "_mass_kernel", f"{dt} CHUNK={smp.CHUNK} warps=8", smp._mass_kernel,
-                     (t, f32, f32, i32, 50257, 50257, nc), dict(CHUNK=smp.CHUNK, num_warps=8))
-        yield Launch("a08", "_reject_kernel", f"{dt} BLOCK_V={smp.BLOCK_V} warps=8", smp._reject_kernel,
-                     (t, f32, i64, i32, f32, i32, i64, 50257, 50257, nc),
-                     dict(NCP=_next_pow2(nc), BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS, num_warps=8))
+            yield Launch("a08", "_choose_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} KC={smp.KC} warps={smp.CHUNK_WARPS}",
+                         smp._choose_kernel,
+                         (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
+                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, KC=smp.KC, NB=smp.NB, RANGE=smp.RANGE,
+                              NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=not greedy,
+                              BLOCK_V=smp.BLOCK_V, num_warps=smp.CHUNK_WARPS))
+        yield Launch("a08", "_reject_kernel", f"{dt} CHUNK={smp.CHUNK} BLOCK_V={smp.BLOCK_V} warps={smp.CHUNK_WARPS}",
+                     smp._reject_kernel,
+                     (t, f32, i64, i32, f32, i32, i32, i64, 50257, 50257, nc),
+                     dict(CHUNK=smp.CHUNK, NCP=_next_pow2(nc), BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS,
+                          num_warps=smp.CHUNK_WARPS))
     for dt in (FP32, BF16, FP16):
         only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
         t, f = _dt(dt), _dt(FP32)

@@ -13,34 +13,37 @@ logits.
 
 At batch 1 a row of 50257 logits is all the work there is, so one program per row would leave
 131 of the H100's 132 SMs idle, and pass after pass over the row costs latency, not bandwidth.
-The row is cut into CHUNK-wide chunks, one program each, and every pass that can be is done there:
+The row is cut into CHUNK-wide chunks, one program each, and every pass that can be is done there.
+Two kernels, each ending in a **last-block merge**: every program of a row counts itself done on an
+atomic counter (after a barrier, with release-acquire order), and the one that comes last, when all
+the others' results are in memory, merges them (a launch fewer than a merge kernel of its own).
 
-  A. ``_chunk_kernel`` (B x NC programs, one read of the logits): per chunk the max m and
-     Z = sum exp(x - m) of the scaled logits x, and a draw by the **Gumbel-max trick**: with
-     g_i = -log(-log(u_i)), u_i uniform from Philox keyed by (seed, row, position, token),
-     argmax_i (x_i + g_i) is distributed as softmax(x). An argmax splits over chunks, so the
-     chunk's winner is kept. With a filter on, the chunk also keeps its **candidates**: the tokens
-     above a threshold t that at most KC tokens exceed (12 bisection steps on the value), and t.
-  B. ``_finish_kernel`` (one program a row): merges the chunks. No filter: the token is the best
-     chunk winner. A filter: every token above tau (the largest chunk threshold) is a candidate,
-     so a threshold above tau is exact. top-k: the k-th largest candidate (a radix select, a byte
-     at a time, by 256-bin histograms); above tau, the token is the Gumbel-max among the kept
-     candidates. top-p, by **rejection**: the drawn token is in the nucleus iff the mass of the
-     kept tokens more probable than it is below p * Z_k; when they are all candidates, B sums it,
-     and if it is too large draws again among them (fresh noise), until one lands inside. A draw
-     from a set that contains the nucleus, kept only when it lands inside, is a draw from the
-     nucleus.
-  C./D. Only when B could not decide. The nucleus reaches below the candidates (a flat
-     distribution, no top-k): C sums the mass above the drawn token over every chunk, D keeps it or
-     (about 1 - p of such steps) goes on with the rejection in one program (``_exact_draw``, by
-     inversion), which also serves a k-th largest below tau (top-k beyond the candidates, by a
-     radix select over the whole row).
+  A+B. ``_choose_kernel`` (B x NC programs, one read of the logits). A, per chunk: a draw by the
+     **Gumbel-max trick**: with g_i = -log(-log(u_i)), u_i uniform from Philox keyed by (seed, row,
+     position, token), argmax_i (x_i + g_i) is distributed as softmax(x) of the scaled logits x. An
+     argmax splits over chunks, so the chunk's winner is kept. With a filter on, also the chunk's max
+     m, Z = sum exp(x - m), and its **candidates**: at most KC tokens, every token above the largest
+     one it leaves out (tau), found by two 64-bin histograms of (m - x) (``_candidates``).
+     B, the row's last program: no filter, the token is the best chunk winner. A filter: every token
+     above the largest tau is a candidate, so a threshold above it is exact. top-k: the k-th largest
+     candidate (``_kth_key``: two histograms, then that bin's value); above tau, the token is the
+     Gumbel-max among the kept candidates (A's noise). top-p, by **rejection**: the drawn token is in
+     the nucleus iff the mass of the kept tokens more probable than it is below p * Z_k; when they
+     are all candidates, B sums it, and if it is too large draws again among them (fresh noise), until
+     one lands inside. A draw from a set that contains the nucleus, kept only when it lands inside, is
+     a draw from the nucleus.
+  C+D. ``_reject_kernel``, only where B could not decide. The nucleus reaches below the candidates
+     (a flat distribution): C sums the mass above the drawn token over every chunk, D (the last
+     program) keeps it or (about 1 - p of such steps) goes on with the rejection in one program
+     (``_exact_draw``, by inversion), which also serves a k-th largest below tau (top-k beyond the
+     candidates, by a radix select over the whole row). Without top-p (``nucleus_pass=False``) C+D
+     is not launched and B draws such a row exactly itself.
 
-Greedy (``argmax``) is A and B without the noise: the first index of the largest logit, as
-torch.argmax, at a fraction of its cost at batch 1. Every parameter is read from a device tensor
-and the random stream is keyed by the position the token will take (``positions``, the cache
-lengths), not by a host counter: a decode step that samples is still one CUDA-graph replay, and the
-same seed gives the same tokens.
+Greedy (``argmax``) is A+B without the noise: the first index of the largest logit, as torch.argmax,
+in a quarter of its time at batch 1. Every parameter is read from a device tensor and the random
+stream is keyed by the position the token will take (``positions``, the cache lengths), not by a host
+counter: a decode step that samples is still one CUDA-graph replay, and the same seed gives the same
+tokens.
 """
 from __future__ import annotations
 
@@ -54,19 +57,25 @@ from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
 from common.launch import cdiv, next_power_of_2
 
-#: Logits per chunk program (A, C) and candidates each chunk keeps (the interpreter: small, so that
+#: Logits per chunk program and candidates each chunk keeps (the interpreter: small, so that
 #: the tests' vocabularies of 8-200 tokens span several chunks and reach every path)
 CHUNK = 16 if TRITON_INTERPRET else 2048
-KC = 4 if TRITON_INTERPRET else 64
-#: Warps of the chunk programs (A, C) and of the one-a-row programs (B, D)
-CHUNK_WARPS = 8
-ROW_WARPS = 8
+KC = 4 if TRITON_INTERPRET else 32
+#: Warps of every program (a chunk's, and the last one of a row that merges). 16, not 8: four logits
+#: a thread, so half the instructions; the merge's code is fetched cold in a decode step (the LM head
+#: has just streamed its weights through L2), and at 8 warps that made it 1.4x slower than when warm
+CHUNK_WARPS = 16
+#: The candidate search's histograms: NB bins over RANGE below the chunk's max, then NB sub-bins of one
+NB = 64
+RANGE = 16.0
 #: Vocabulary entries per step of _exact_draw's passes
-BLOCK_V = 64 if TRITON_INTERPRET else 2048
+BLOCK_V = 64 if TRITON_INTERPRET else 4096
 #: At most this many rounds of _exact_draw (a round only ends without a token if rounding made the
 #: nucleus empty, which p > 0 rules out)
 MAX_ROUNDS = 64
 _I64_MIN = -9223372036854775808
+#: B's drawn key when the token is no candidate (C reads it from the logits): no float has this key
+NO_KEY = tl.constexpr(-2147483648)
 _I32_MAX = 2147483647
 _LOW32 = 4294967295
 
@@ -101,7 +110,36 @@ def _unpack(p):
 
 
 @triton.jit
-def _kth_key(ks, valid, k):
+def _kth_key(ks, xs, valid, k, hi, NB: tl.constexpr):
+    """The k-th largest of the int32 keys ks (of the values xs <= hi) where valid, as int64 (-2^31 when
+    fewer than k are valid). Two NB-bin histograms of d = (hi - x) * NB / (hi - lo), lo the smallest
+    valid x: the bin, then the sub-bin, that holds the k-th largest; its members are almost always one
+    value (or ties), whose key it is. Else (values closer than (hi - lo) / NB^2, or infinite): a radix
+    select among them (_radix_kth)."""
+    bins = tl.arange(0, NB)
+    lo = tl.min(tl.where(valid, xs, float("inf")), axis=0)
+    scale = NB / tl.maximum(hi - lo, 1e-30)
+    d = tl.minimum(tl.maximum((hi - tl.where(valid, xs, hi)) * scale, 0.0), NB * 1.0)  # inf * 0: fallback
+    b1 = tl.minimum(d, NB - 1.0).to(tl.int32)
+    h1 = tl.histogram(b1, NB, mask=valid)
+    j1 = tl.min(tl.where(tl.cumsum(h1, axis=0) >= k, bins, NB), axis=0)  # NB: fewer than k valid
+    above = tl.sum(tl.where(bins < j1, h1, 0), axis=0)
+    inb = valid & (b1 == j1)
+    b2 = tl.minimum(tl.maximum((d - j1.to(tl.float32)) * NB, 0.0), NB - 1.0).to(tl.int32)
+    h2 = tl.histogram(b2, NB, mask=inb)
+    j2 = tl.min(tl.where(tl.cumsum(h2, axis=0) + above >= k, bins, NB), axis=0)
+    rank = k - above - tl.sum(tl.where(bins < j2, h2, 0), axis=0)      # of the k-th among the sub-bin's
+    ins = inb & (b2 == j2)
+    kmax = tl.max(tl.where(ins, ks, -2147483648), axis=0)
+    kmin = tl.min(tl.where(ins, ks, 2147483647), axis=0)
+    thr = tl.where(rank == 1, kmax, kmin).to(tl.int64)
+    if (kmax != kmin) & (rank != 1) & (rank != tl.sum(ins.to(tl.int32), axis=0)):
+        thr = _radix_kth(ks, ins, rank)
+    return tl.where(j1 == NB, -2147483648, thr)
+
+
+@triton.jit
+def _radix_kth(ks, valid, k):
     """The k-th largest of the int32 keys ks where valid, as int64 (-2^31 when fewer than k are
     valid): a radix select, a byte at a time from the top, each byte's digit from a 256-bin histogram
     of the keys that match the digits found so far (4 histograms, not 32 counting passes)."""
@@ -140,12 +178,44 @@ def _scaled(base, cols, ok, temp):
 
 
 @triton.jit
-def _chunk_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, V, s_row, NC,
-                  GREEDY: tl.constexpr, CHUNK: tl.constexpr, KC: tl.constexpr):
-    """A. Program (row, c): chunk c of row `row`. Writes the chunk's winner (largest x + g; greedy:
-    largest x, first index) to WSF[2] / WSI[0], its m and Z to WSF[0] / WSF[1] (slot row * NC + c of
-    each), and with a filter on its candidates: at most KC packed (x, column), the tokens above a
-    threshold t, to CAND (unsorted, the rest of the KC slots empty), and t's key (tau) to WSI[n + 2B]."""
+def _candidates(x, ok, m, KC: tl.constexpr, NB: tl.constexpr, RANGE: tl.constexpr):
+    """The chunk's candidates: a set `sel` of at most KC of its tokens such that every token left out
+    is below every one kept, found by two NB-bin histograms (not a bisection: a reduction each step)
+    of d = (m - x) * NB / RANGE: bins 0..j1 fit in KC, then bin j1 + 1 is cut into NB sub-bins. Any
+    such set serves (B checks its thresholds against the largest left-out key); this one ends within
+    RANGE / NB^2 of the KC-th largest. Returns (sel, the largest x left out, or -inf)."""
+    bins = tl.arange(0, NB)
+    d = tl.minimum(tl.maximum((m - x) * (NB / RANGE), 0.0), 4.0 * NB * NB)   # >= 0, monotone in -x
+    b1 = tl.minimum(d, NB - 1.0).to(tl.int32)           # the last bin: everything RANGE or more below m
+    h1 = tl.histogram(b1, NB, mask=ok)
+    c1 = tl.cumsum(h1, axis=0)
+    j1 = tl.max(tl.where((c1 <= KC) & (bins < NB - 1), bins, -1), axis=0)
+    below = tl.sum(tl.where(bins <= j1, h1, 0), axis=0)
+    inb = ok & (b1 == j1 + 1)
+    b2 = tl.minimum(tl.maximum((d - (j1 + 1).to(tl.float32)) * NB, 0.0), NB - 1.0).to(tl.int32)
+    h2 = tl.histogram(b2, NB, mask=inb)
+    j2 = tl.max(tl.where(tl.cumsum(h2, axis=0) + below <= KC, bins, -1), axis=0)
+    sel = ok & ((b1 <= j1) | (inb & (b2 <= j2)))
+    return sel, tl.max(tl.where(ok & ~sel, x, float("-inf")), axis=0)
+
+
+@triton.jit
+def _max_both(a0, a1, b0, b1):
+    return tl.maximum(a0, b0), tl.maximum(a1, b1)
+
+
+@triton.jit
+def _choose_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, COUNT, OUT, V, s_row, NC,
+                   GREEDY: tl.constexpr, CHUNK: tl.constexpr, KC: tl.constexpr, NB: tl.constexpr,
+                   RANGE: tl.constexpr, NCP: tl.constexpr, MAX_ROUNDS: tl.constexpr, NUCLEUS: tl.constexpr,
+                   BLOCK_V: tl.constexpr):
+    """A, then B in the row's last program. Program (row, c): chunk c of row `row`. Writes the chunk's
+    winner (largest x + g; greedy: largest x, first index) to WSF[2] / WSI[0] (slot row * NC + c of
+    each), and with a filter on: its m and Z to WSF[0] / WSF[1], its
+    candidates, at most KC packed (x, column), every token above the largest key it leaves out, to CAND
+    (unsorted, the rest of the KC slots empty) with their x + g to CANDS, and that key (tau) to
+    WSI[n + 2B]. Then it counts itself done on COUNT[row]; the program that comes last (every other
+    chunk's results are in memory by then) runs B (_finish)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     n = tl.num_programs(0) * NC
@@ -153,69 +223,70 @@ def _chunk_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, V, s_row, NC,
     cols = c * CHUNK + tl.arange(0, CHUNK)
     ok = cols < V
     base = LOGITS + row.to(tl.int64) * s_row
+    # the winner as the largest (key of s, -column): its value and the first index on a tie, in one
+    # reduction (with a filter on, the same pass also takes m, the chunk's largest x)
+    filt = False
+    m = tl.full([], 0.0, tl.float32)
     if GREEDY:
         s = tl.load(base + cols, mask=ok, other=float("-inf")).to(tl.float32)
+        packed = tl.max(_pack(s, cols), axis=0)
     else:
-        temp = tl.load(PARAMS)
-        x = _scaled(base, cols, ok, temp)
-        m = tl.max(x, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        tl.store(WSF + slot, m)
-        tl.store(WSF + n + slot, tl.sum(tl.exp(x - m_safe), axis=0))
+        x = _scaled(base, cols, ok, tl.load(PARAMS))
         s = tl.where(ok, x + _gumbel(tl.load(SEED), row, tl.load(POS + row), cols, 0), float("-inf"))
-    best = tl.max(s, axis=0)
+        filt = (tl.load(PARAMS + 1) > 0) | (tl.load(PARAMS + 2) < 1.0)
+        if filt:
+            m, packed = tl.reduce((x, _pack(s, cols)), 0, _max_both)
+        else:                                        # temperature alone: the winners are all B needs
+            packed = tl.max(_pack(s, cols), axis=0)
+    _, best, win = _unpack(packed)
     tl.store(WSF + 2 * n + slot, best)
-    tl.store(WSI + slot, tl.min(tl.where(s == best, cols, 2147483647), axis=0))
+    tl.store(WSI + slot, win)
     if not GREEDY:
-        top_k = tl.load(PARAMS + 1).to(tl.int32)
-        top_p = tl.load(PARAMS + 2)
-        if (top_k > 0) | (top_p < 1.0):
-            # candidates: the tokens above a threshold t with at most KC tokens above it, as low as 12
-            # bisection steps on the value find it in [m - 20, m] (not the exact KC-th largest: any such
-            # t serves, since B checks its thresholds against the largest t), compacted by a cumsum
-            lo = m_safe - 20.0
-            hi = m_safe                                   # count(x > hi) <= KC
-            for _ in range(12):
-                mid = (lo + hi) * 0.5
-                fits = tl.sum((x > mid).to(tl.int32), axis=0) <= KC
-                hi = tl.where(fits, mid, hi)
-                lo = tl.where(fits, lo, mid)
-            sel = x > hi
-            pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        if filt:
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            tl.store(WSF + slot, m)
+            tl.store(WSF + n + slot, tl.sum(tl.exp(x - m_safe), axis=0))
+            sel, left = _candidates(x, ok, m_safe, KC, NB, RANGE)
+            pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1          # compacted by a cumsum
             out = CAND + slot.to(tl.int64) * KC
             tl.store(out + pos, _pack(x, cols), mask=sel)
+            tl.store(CANDS + slot.to(tl.int64) * KC + pos, s, mask=sel)
             jk = tl.arange(0, KC)
             tl.store(out + jk, tl.full([KC], -9223372036854775808, tl.int64), mask=jk >= tl.sum(sel.to(tl.int32), axis=0))
-            # tau of this chunk: the tokens it leaves out have keys <= its t's
-            tl.store(WSI + n + 2 * tl.num_programs(0) + slot, _skey(hi))
+            tl.store(WSI + n + 2 * tl.num_programs(0) + slot, _skey(left))
+    # the last of the row's NC programs merges: a barrier (this program's stores are done), then a
+    # release-acquire count (they are visible to the program that sees NC - 1; it reads them past L1)
+    tl.debug_barrier()
+    if tl.atomic_add(COUNT + row, 1, sem="acq_rel", scope="gpu") == NC - 1:
+        tl.store(COUNT + row, 0)                            # ready for the next call
+        _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC, row, GREEDY, NCP, KC, NB,
+                MAX_ROUNDS, NUCLEUS, BLOCK_V)
 
 
 @triton.jit
 def _exact_draw(base, V, temp, top_k, top_p, seed, row, pos, m, z, lo0, z_kept0, rnd0,
                 BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
     """D's fallback, one program over the row: the token, drawn exactly. lo0 < 0: from scratch (top-k
-    by a radix select over the key's 8 nibbles, then rounds from the kept set); else a rejection chain
+    by a radix select over the key's 4 bytes, a 256-bin histogram a pass, then rounds from the kept set); else a rejection chain
     already under way: the next round draws among the tokens with key >= lo0, whose mass is z_kept0."""
     offs = tl.arange(0, BLOCK_V)
     thr = tl.full([], 0, tl.int64)                       # kept: key >= thr (0: every token)
     z_k = z
     if (lo0 < 0) & (top_k > 0) & (top_k < V):
-        bins = tl.arange(0, 16)
+        bins = tl.arange(0, 256)
         remaining = top_k
-        for it in tl.static_range(8):
-            shift = 28 - 4 * it
-            counts = tl.zeros([16], tl.int32)
+        for it in tl.static_range(4):                    # a byte at a time, from the top (as _radix_kth)
+            shift = 24 - 8 * it
+            counts = tl.zeros([256], tl.int32)
             for v0 in range(0, V, BLOCK_V):
                 cols = v0 + offs
                 ok = cols < V
                 u = _key(_scaled(base, cols, ok, temp))
-                match = ok & ((u >> (shift + 4)) == (thr >> (shift + 4)))
-                dig = ((u >> shift) & 15).to(tl.int32)
-                hit = (dig[:, None] == bins[None, :]) & match[:, None]
-                counts += tl.sum(hit.to(tl.int32), axis=0)
+                match = ok & ((u >> (shift + 8)) == (thr >> (shift + 8)))
+                counts += tl.histogram(((u >> shift) & 255).to(tl.int32), 256, mask=match)
             # above[j]: tokens with this prefix and a digit > j; the k-th largest has the digit j
             # with above[j] < remaining <= above[j] + counts[j]: the largest j with the second
-            above = tl.sum(tl.where(bins[None, :] > bins[:, None], counts[None, :], 0), axis=1)
+            above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
             digit = tl.max(tl.where(above + counts >= remaining, bins, -1), axis=0)
             remaining -= tl.sum(tl.where(bins > digit, counts, 0), axis=0)
             thr = thr | (digit.to(tl.int64) << shift)
@@ -266,54 +337,61 @@ def _exact_draw(base, V, temp, top_k, top_p, seed, row, pos, m, z, lo0, z_kept0,
 
 
 @triton.jit
-def _finish_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, OUT, V, s_row, NC,
-                   GREEDY: tl.constexpr, NCP: tl.constexpr, KC: tl.constexpr, MAX_ROUNDS: tl.constexpr):
-    """B. Program row: the token from the chunks' results; or, for C and D, WSI[n + row] = 1 (test the
-    drawn token against the nucleus) / 2 (top-k beyond the candidates: draw in D), with the row's
-    max, Z_k and the drawn token's key at WSF[3n + row], WSF[3n + B + row], WSI[n + B + row]."""
-    row = tl.program_id(0)
+def _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC, row,
+            GREEDY: tl.constexpr, NCP: tl.constexpr, KC: tl.constexpr, NB: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+            NUCLEUS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """B, in the last program of row `row`: the token from the chunks' results (loaded with .cg: other
+    programs wrote them); or, for C and D, WSI[n + row] = 1 (test the drawn token against the nucleus)
+    / 2 (top-k beyond the candidates: draw in D), with the row's max, Z_k and the drawn token's key at
+    WSF[3n + row], WSF[3n + B + row], WSI[n + B + row]. Without C and D (NUCLEUS false: the caller
+    knows top_p is 1), a row that would need them is drawn here, exactly, in this program."""
     nb = tl.num_programs(0)
     n = nb * NC
     cs = tl.arange(0, NCP)
     okc = cs < NC
     slot = row * NC + cs
-    best = tl.load(WSF + 2 * n + slot, mask=okc, other=float("-inf"))
+    best = tl.load(WSF + 2 * n + slot, mask=okc, other=float("-inf"), cache_modifier=".cg")
     top = tl.max(best, axis=0)
-    tok = tl.min(tl.where(okc & (best == top), tl.load(WSI + slot, mask=okc, other=0), 2147483647), axis=0)
+    wins = tl.load(WSI + slot, mask=okc, other=0, cache_modifier=".cg")
+    tok = tl.min(tl.where(okc & (best == top), wins, 2147483647), axis=0)
     need = 0
     if not GREEDY:
-        mc = tl.load(WSF + slot, mask=okc, other=float("-inf"))
-        m = tl.max(mc, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        z = tl.sum(tl.load(WSF + n + slot, mask=okc, other=0.0) * tl.exp(mc - m_safe), axis=0)
         top_k = tl.load(PARAMS + 1).to(tl.int32)
         top_p = tl.load(PARAMS + 2)
-        z_k = z
+        m_safe = tl.full([], 0.0, tl.float32)
+        z_k = tl.full([], 0.0, tl.float32)
         key_t = tl.full([], 0, tl.int32)
         if (top_k > 0) | (top_p < 1.0):
+            mc = tl.load(WSF + slot, mask=okc, other=float("-inf"), cache_modifier=".cg")
+            m = tl.max(mc, axis=0)
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            z = tl.sum(tl.load(WSF + n + slot, mask=okc, other=0.0, cache_modifier=".cg") * tl.exp(mc - m_safe), axis=0)
             j = tl.arange(0, NCP * KC)
-            cand = tl.load(CAND + row.to(tl.int64) * NC * KC + j, mask=j < NC * KC, other=-9223372036854775808)
+            cand = tl.load(CAND + row.to(tl.int64) * NC * KC + j, mask=j < NC * KC, other=-9223372036854775808,
+                           cache_modifier=".cg")
             # tau: every token with a larger key is a candidate, so a threshold above tau is exact
-            tau_k = tl.max(tl.load(WSI + n + 2 * nb + slot, mask=okc, other=-2147483648), axis=0)
+            tau_k = tl.max(tl.load(WSI + n + 2 * nb + slot, mask=okc, other=-2147483648, cache_modifier=".cg"), axis=0)
             ks, xs, cols = _unpack(cand)
             valid = cand != -9223372036854775808
+            # the key of A's draw, if it is a candidate; if not, its key is below its chunk's tau, so the
+            # nucleus test needs C (NO_KEY: C reads it from the logits)
+            key_t = tl.max(tl.where(valid & (cols == tok), ks, NO_KEY), axis=0)
             k_on = (top_k > 0) & (top_k < V)
             thr = tl.full([], -2147483648, tl.int64)
             exact = True
             if k_on:
-                thr = _kth_key(ks, valid, top_k)
+                thr = _kth_key(ks, xs, valid, top_k, m_safe, NB)
                 exact = thr > tau_k                  # then every token at or above it is a candidate
             kept = valid & (ks >= thr)
             w = tl.where(kept, tl.exp(xs - m_safe), 0.0)
             z_k = tl.where(k_on, tl.sum(w, axis=0), z)
-            seed = tl.load(SEED)
-            pos = tl.load(POS + row)
-            g = tl.where(kept, xs + _gumbel(seed, row, pos, cols, 0), float("-inf"))
-            gbest = tl.max(g, axis=0)
-            gtok = tl.min(tl.where(g == gbest, cols, 2147483647), axis=0)
-            tok = tl.where(k_on, gtok, tok)          # top-k: the draw among the kept; else A's draw
+            if k_on:                                 # top-k: the draw among the kept (A's noise, round 0)
+                g = tl.where(kept, tl.load(CANDS + row.to(tl.int64) * NC * KC + j, mask=valid, other=float("-inf"),
+                                           cache_modifier=".cg"), float("-inf"))
+                gbest = tl.max(g, axis=0)
+                tok = tl.min(tl.where(g == gbest, cols, 2147483647), axis=0)
+                key_t = tl.max(tl.where(cols == tok, ks, -2147483648), axis=0)
             need = tl.where(exact, 0, 2)
-            key_t = _skey(_scaled(LOGITS + row.to(tl.int64) * s_row, tok, True, tl.load(PARAMS)))
             # top-p by rejection: the drawn token is in the nucleus iff the mass of the kept tokens more
             # probable than it is below p * Z_k; that mass is known here when they are all candidates
             # (its key >= tau); rejected, the next round draws among them (fresh noise), and so on
@@ -326,63 +404,70 @@ def _finish_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, OUT, V, s_row, NC,
                 need = tl.where(short, 1, need)       # the mass above needs every chunk: C and D
                 rnd += 1
                 go = (~short) & (~inside) & (rnd < MAX_ROUNDS)
-                g = tl.where(above, xs + _gumbel(seed, row, pos, cols, rnd), float("-inf"))
-                gbest = tl.max(g, axis=0)
-                nxt = tl.min(tl.where(g == gbest, cols, 2147483647), axis=0)
-                tok = tl.where(go, nxt, tok)
-                key_t = tl.where(go, tl.max(tl.where(cols == nxt, ks, -2147483648), axis=0), key_t)
+                if go:
+                    g = tl.where(above, xs + _gumbel(tl.load(SEED), row, tl.load(POS + row), cols, rnd), float("-inf"))
+                    gbest = tl.max(g, axis=0)
+                    tok = tl.min(tl.where(g == gbest, cols, 2147483647), axis=0)
+                    key_t = tl.max(tl.where(cols == tok, ks, -2147483648), axis=0)
         tl.store(WSF + 3 * n + row, m_safe)
         tl.store(WSF + 3 * n + nb + row, z_k)
         tl.store(WSI + n + row, need)
         tl.store(WSI + n + nb + row, key_t)
+        if not NUCLEUS:
+            if need != 0:
+                tok = _exact_draw(LOGITS + row.to(tl.int64) * s_row, V, tl.load(PARAMS), top_k, top_p, tl.load(SEED),
+                                  row, tl.load(POS + row), m_safe, z_k, tl.full([], -1, tl.int64),
+                                  tl.full([], 0.0, tl.float32), tl.full([], 0, tl.int32), BLOCK_V, MAX_ROUNDS)
     tl.store(OUT + row, tl.minimum(tl.maximum(tok, 0), V - 1).to(tl.int64))
 
 
 @triton.jit
-def _mass_kernel(LOGITS, PARAMS, WSF, WSI, V, s_row, NC, CHUNK: tl.constexpr):
-    """C. Program (row, c), only where B asked (WSI[n + row] == 1): the mass exp(x - max) of chunk c's
-    tokens more probable than the drawn one, to WSF[3n + 2B + row * NC + c]."""
+def _reject_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, COUNT, OUT, V, s_row, NC, CHUNK: tl.constexpr,
+                   NCP: tl.constexpr, BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    """C, then D in the row's last program; only where B asked (WSI[n + row] != 0). C, program (row, c),
+    need 1: the mass exp(x - max) of chunk c's tokens more probable than the drawn one, to
+    WSF[3n + 2B + row * NC + c]. D: keep B's token if the row's mass above it is below p * Z (1), else
+    draw exactly in one program (_exact_draw): the rejection chain's next rounds (1), or all of it (2,
+    program 0: top-k beyond the candidates)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     nb = tl.num_programs(0)
     n = nb * NC
-    if tl.load(WSI + n + row) == 1:
+    need = tl.load(WSI + n + row)
+    top_p = tl.load(PARAMS + 2)
+    z_k = tl.load(WSF + 3 * n + nb + row)
+    run = (need == 2) & (c == 0)
+    lo0 = tl.full([], -1, tl.int64)
+    z_kept0 = tl.full([], 0.0, tl.float32)
+    rnd0 = tl.full([], 0, tl.int32)
+    if need == 1:
         cols = c * CHUNK + tl.arange(0, CHUNK)
         ok = cols < V
-        x = _scaled(LOGITS + row.to(tl.int64) * s_row, cols, ok, tl.load(PARAMS))
-        above = ok & (_skey(x) > tl.load(WSI + n + nb + row))
+        temp = tl.load(PARAMS)
+        x = _scaled(LOGITS + row.to(tl.int64) * s_row, cols, ok, temp)
+        key_t = tl.load(WSI + n + nb + row)
+        if key_t == NO_KEY:                          # B's token is no candidate: its key from the logits
+            key_t = _skey(_scaled(LOGITS + row.to(tl.int64) * s_row, tl.load(OUT + row).to(tl.int32), True, temp))
+        above = ok & (_skey(x) > key_t)
         mass = tl.sum(tl.where(above, tl.exp(x - tl.load(WSF + 3 * n + row)), 0.0), axis=0)
         tl.store(WSF + 3 * n + 2 * nb + row * NC + c, mass)
-
-
-@triton.jit
-def _reject_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, OUT, V, s_row, NC, NCP: tl.constexpr,
-                   BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
-    """D. Program row, only where B asked: keep B's token if the mass above it is below p * Z (1), else
-    draw exactly in one program (_exact_draw): the rejection chain's next rounds (1), or all of it (2)."""
-    row = tl.program_id(0)
-    nb = tl.num_programs(0)
-    n = nb * NC
-    need = tl.load(WSI + n + row)
-    if need != 0:
-        top_p = tl.load(PARAMS + 2)
-        z_k = tl.load(WSF + 3 * n + nb + row)
-        lo0 = tl.full([], -1, tl.int64)
-        z_kept0 = tl.full([], 0.0, tl.float32)
-        rnd0 = tl.full([], 0, tl.int32)
-        accept = False
-        if need == 1:
+        tl.debug_barrier()
+        if tl.atomic_add(COUNT + row, 1, sem="acq_rel", scope="gpu") == NC - 1:
+            tl.store(COUNT + row, 0)
             cs = tl.arange(0, NCP)
-            mass = tl.sum(tl.load(WSF + 3 * n + 2 * nb + row * NC + cs, mask=cs < NC, other=0.0), axis=0)
-            accept = mass < top_p * z_k
-            lo0 = tl.load(WSI + n + nb + row).to(tl.int64) + 2147483649      # _key of the next larger x
+            mass = tl.sum(tl.load(WSF + 3 * n + 2 * nb + row * NC + cs, mask=cs < NC, other=0.0,
+                                  cache_modifier=".cg"), axis=0)
+            run = mass >= top_p * z_k                        # rejected: D goes on with the chain
+            lo0 = key_t.to(tl.int64) + 2147483649       # _key of the next larger x
             z_kept0 = mass
             rnd0 = tl.full([], 1, tl.int32)
-        if not accept:
-            tok = _exact_draw(LOGITS + row.to(tl.int64) * s_row, V, tl.load(PARAMS), tl.load(PARAMS + 1).to(tl.int32),
-                              top_p, tl.load(SEED), row, tl.load(POS + row), tl.load(WSF + 3 * n + row), z_k,
-                              lo0, z_kept0, rnd0, BLOCK_V, MAX_ROUNDS)
-            tl.store(OUT + row, tok.to(tl.int64))
+    if run:
+        tok = _exact_draw(LOGITS + row.to(tl.int64) * s_row, V, tl.load(PARAMS), tl.load(PARAMS + 1).to(tl.int32),
+                          top_p, tl.load(SEED), row, tl.load(POS + row), tl.load(WSF + 3 * n + row), z_k,
+                          lo0, z_kept0, rnd0, BLOCK_V, MAX_ROUNDS)
+        tl.store(OUT + row, tok.to(tl.int64))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature > 0; top_k >= 0 (0: off); 0 < top_p <= 1 (1: off). transformers' meanings."""
@@ -404,12 +489,15 @@ class SamplingParams:
 
 
 def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor, *,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, nucleus_pass: bool = True) -> torch.Tensor:
     """One token per row of ``logits`` [B, V] (fp32/fp16/bf16, last dim contiguous), int64 [B].
 
     params: fp32 [3] = SamplingParams.tensor(); seed: int64 [1]; positions: int32 [B], the position
     each row's token will take (with the seed and the row, it keys the random stream: same seed,
     same tokens). All on the logits' device; nothing is read back to the host (graph-capturable).
+    nucleus_pass=False leaves out kernels C and D (one launch) where the host knows top_p is 1 (the
+    engine's SamplingParams); the tokens are the same either way (a row that needs them is then drawn
+    exactly in B's program, slowly).
     """
     check_tensor(logits, "logits", dtypes=FLOAT_DTYPES, ndim=2)
     check_tensor(params, "params", dtypes=(torch.float32,), ndim=1)
@@ -423,7 +511,7 @@ def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, posit
                          f"{tuple(seed.shape)}, {tuple(positions.shape)}")
     if logits.stride(-1) != 1:
         raise ValueError(f"logits: the last dim must be contiguous, got strides {logits.stride()}")
-    return _choose(logits, params, seed, positions, out, greedy=False)
+    return _choose(logits, params, seed, positions, out, greedy=False, nucleus=nucleus_pass)
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -435,8 +523,27 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Te
     return _choose(logits, logits, logits, logits, out, greedy=True)
 
 
-def _choose(logits, params, seed, positions, out, greedy: bool) -> torch.Tensor:
-    """Launch A and B (and C and D when sampling) over ``logits`` [B, V] (checked)."""
+#: COUNT: per device, one int32 counter per row that the row's programs count themselves done on; the
+#: last one resets it to 0, so a buffer is zeroed once, when it is made (grown only outside a capture)
+_COUNTERS: dict = {}
+#: every buffer ever handed out stays allocated: a captured CUDA graph keeps its address, not a reference
+_KEEP: list = []
+
+
+def _counters(device: torch.device, b: int) -> torch.Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < b:
+        fresh = torch.zeros(max(b, 64), dtype=torch.int32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return fresh                 # zeroed by the graph's replays; not kept (the graph's memory)
+        _KEEP.append(fresh)
+        _COUNTERS[device] = buf = fresh
+    return buf
+
+
+def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = False) -> torch.Tensor:
+    """Launch A+B (and C+D when sampling) over ``logits`` [B, V] (checked). The kernels of one device
+    share its counters: calls on two streams at once would have to be ordered by the caller."""
     b, v = logits.shape
     if out is None:
         out = torch.empty(b, dtype=torch.long, device=logits.device)
@@ -448,13 +555,14 @@ def _choose(logits, params, seed, positions, out, greedy: bool) -> torch.Tensor:
     wsf = torch.empty(4 * n + 2 * b, dtype=torch.float32, device=dev)     # m, Z, best | max, Z_k | masses
     wsi = torch.empty(2 * n + 2 * b, dtype=torch.int32, device=dev)       # winners | need, drawn key | tau
     cand = torch.empty(1 if greedy else n * KC, dtype=torch.int64, device=dev)
-    _chunk_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, v, s_row, nc,
-                           GREEDY=greedy, CHUNK=CHUNK, KC=KC, num_warps=CHUNK_WARPS)
-    _finish_kernel[(b,)](logits, params, seed, positions, wsf, wsi, cand, out, v, s_row, nc,
-                         GREEDY=greedy, NCP=next_power_of_2(nc), KC=KC, MAX_ROUNDS=MAX_ROUNDS,
-                         num_warps=ROW_WARPS)
-    if not greedy:
-        _mass_kernel[(b, nc)](logits, params, wsf, wsi, v, s_row, nc, CHUNK=CHUNK, num_warps=CHUNK_WARPS)
-        _reject_kernel[(b,)](logits, params, seed, positions, wsf, wsi, out, v, s_row, nc,
-                             NCP=next_power_of_2(nc), BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
+    cands = torch.empty(1 if greedy else n * KC, dtype=torch.float32, device=dev)
+    count = _counters(dev, b)
+    ncp = next_power_of_2(nc)
+    _choose_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, cands, count, out, v, s_row, nc,
+                            GREEDY=greedy, CHUNK=CHUNK, KC=KC, NB=NB, RANGE=RANGE, NCP=ncp,
+                            MAX_ROUNDS=MAX_ROUNDS, NUCLEUS=nucleus, BLOCK_V=BLOCK_V, num_warps=CHUNK_WARPS)
+    if nucleus:
+        _reject_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, count, out, v, s_row, nc,
+                                CHUNK=CHUNK, NCP=ncp, BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS,
+                                num_warps=CHUNK_WARPS)
     return out
