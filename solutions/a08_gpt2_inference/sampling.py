@@ -31,7 +31,8 @@ the others' results are in memory, merges them (a launch fewer than a merge kern
      the nucleus iff the mass of the kept tokens more probable than it is below p * Z_k; when they
      are all candidates, B sums it, and if it is too large draws again among them (fresh noise), until
      one lands inside. A draw from a set that contains the nucleus, kept only when it lands inside, is
-     a draw from the nucleus.
+     a draw from the nucleus; so when the tokens above the largest tau hold p of the mass, a draw
+     below it is rejected on the spot and the next one is drawn among them.
   C+D. ``_reject_kernel``, only where B could not decide. The nucleus reaches below the candidates
      (a flat distribution): C sums the mass above the drawn token over every chunk, D (the last
      program) keeps it or (about 1 - p of such steps) goes on with the rejection in one program
@@ -394,16 +395,22 @@ def _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC,
             need = tl.where(exact, 0, 2)
             # top-p by rejection: the drawn token is in the nucleus iff the mass of the kept tokens more
             # probable than it is below p * Z_k; that mass is known here when they are all candidates
-            # (its key >= tau); rejected, the next round draws among them (fresh noise), and so on
+            # (its key >= tau); rejected, the next round draws among them (fresh noise), and so on.
+            # A draw below tau is outside the nucleus for sure when the tokens above tau (all of them
+            # candidates: T) already hold p * Z_k: then the next round draws among T, no C needed (any
+            # superset of the nucleus serves as the next round's proposal; only a token inside is kept)
             go = exact & (top_p < 1.0)
+            in_t = go & (tl.sum(tl.where(kept & (ks > tau_k), w, 0.0), axis=0) >= top_p * z_k)
             rnd = 0
             while go:
                 short = key_t < tau_k
-                above = kept & (ks > key_t)
-                inside = tl.sum(tl.where(above, w, 0.0), axis=0) < top_p * z_k
-                need = tl.where(short, 1, need)       # the mass above needs every chunk: C and D
+                sure_out = short & in_t
+                ref = tl.where(sure_out, tau_k, key_t)
+                above = kept & (ks > ref)
+                inside = (~short) & (tl.sum(tl.where(above, w, 0.0), axis=0) < top_p * z_k)
+                need = tl.where(short & ~in_t, 1, need)   # the mass above needs every chunk: C and D
                 rnd += 1
-                go = (~short) & (~inside) & (rnd < MAX_ROUNDS)
+                go = (~(short & ~in_t)) & (~inside) & (rnd < MAX_ROUNDS)
                 if go:
                     g = tl.where(above, xs + _gumbel(tl.load(SEED), row, tl.load(POS + row), cols, rnd), float("-inf"))
                     gbest = tl.max(g, axis=0)
