@@ -503,8 +503,8 @@ def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, posit
     each row's token will take (with the seed and the row, it keys the random stream: same seed,
     same tokens). All on the logits' device; nothing is read back to the host (graph-capturable).
     nucleus_pass=False leaves out kernels C and D (one launch) where the host knows top_p is 1 (the
-    engine's SamplingParams); the tokens are the same either way (a row that needs them is then drawn
-    exactly in B's program, slowly).
+    engine's SamplingParams); a row that needs them is then drawn exactly in B's program, slowly. The
+    distribution is the same either way; the tokens can differ (another path, other noise).
     """
     check_tensor(logits, "logits", dtypes=FLOAT_DTYPES, ndim=2)
     check_tensor(params, "params", dtypes=(torch.float32,), ndim=1)
