@@ -74,11 +74,9 @@ BLOCK_V = 64 if TRITON_INTERPRET else 4096
 #: At most this many rounds of _exact_draw (a round only ends without a token if rounding made the
 #: nucleus empty, which p > 0 rules out)
 MAX_ROUNDS = 64
-_I64_MIN = -9223372036854775808
-#: B's drawn key when the token is no candidate (C reads it from the logits): no float has this key
+#: B's drawn key when the token is no candidate (C reads it from the logits): the key of no finite or
+#: infinite value (of one NaN pattern only)
 NO_KEY = tl.constexpr(-2147483648)
-_I32_MAX = 2147483647
-_LOW32 = 4294967295
 
 
 @triton.jit
