@@ -635,6 +635,8 @@ def test_sampling_seeds_and_greedy_limits(eng, one_layer_model, seed):
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     assert engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g1).tolist() == \
         engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g2).tolist(), "same generator state"
+    wide = engine.generate(prompts, n, do_sample=True, top_k=eng.WIDE_TOP_K + 1, seed=7)    # the wide-top-k graph
+    assert all(0 <= t < ONE_LAYER["vocab_size"] for row in wide.tolist() for t in row)
     for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             engine.generate(prompts, 2, do_sample=True, **bad)
@@ -728,14 +730,17 @@ def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
     rows = logits.to(DEVICE).expand(n, -1).contiguous()
     pos = torch.arange(n, dtype=torch.int32, device=DEVICE) % 7
     key = torch.tensor([seed], device=DEVICE)
-    # nucleus_pass=False (the engine without top-p): no kernels C and D; a row that needs them is drawn in B
-    for t, k, p, nucleus in [(1.0, 0, 1.0, True), (0.6, 0, 0.75, True), (1.0, 3, 1.0, True), (1.0, smp.KC + 2, 0.9, True),
-                             (1.0, smp.KC + 2, 1.0, False), (0.6, 0, 0.75, False)]:
+    # nucleus_pass=False (the engine without top-p): no kernels C and D; a row that needs them is drawn in B.
+    # wide=True (the engine with top_k > WIDE_TOP_K): KC_WIDE candidates a chunk, top-k KC + 2 on the fast path
+    for t, k, p, nucleus, wide in [(1.0, 0, 1.0, True, False), (0.6, 0, 0.75, True, False), (1.0, 3, 1.0, True, False),
+                                   (1.0, smp.KC + 2, 0.9, True, False), (1.0, smp.KC + 2, 1.0, False, False),
+                                   (0.6, 0, 0.75, False, False), (1.0, smp.KC + 2, 0.9, True, True)]:
         m = n if HAS_CUDA or (k == 0 and nucleus) else 20    # interpreted: top-k ~4x slower a draw; support only
-        tok = smp.sample(rows[:m], smp.SamplingParams(t, k, p).tensor(DEVICE), key, pos[:m], nucleus_pass=nucleus).cpu()
+        tok = smp.sample(rows[:m], smp.SamplingParams(t, k, p).tensor(DEVICE), key, pos[:m], nucleus_pass=nucleus,
+                         wide=wide).cpu()
         probs = _hf_probs(logits, t, k, p)
         counts = torch.bincount(tok, minlength=v).double()
-        _check_draws(counts, probs, f"T={t} top_k={k} top_p={p} nucleus_pass={nucleus}", chi_square=m == n)
+        _check_draws(counts, probs, f"T={t} top_k={k} top_p={p} nucleus_pass={nucleus} wide={wide}", chi_square=m == n)
     flat = torch.zeros(6, v, device=DEVICE)                        # every logit tied: no chunk has candidates
     for k, p in ((3, 1.0), (0, 0.5)):                              # (ties kept: the draw is over all of them)
         tok = smp.sample(flat, smp.SamplingParams(1.0, k, p).tensor(DEVICE), key, pos[:6]).cpu()

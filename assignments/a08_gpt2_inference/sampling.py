@@ -62,6 +62,10 @@ from common.launch import cdiv, next_power_of_2
 #: the tests' vocabularies of 8-200 tokens span several chunks and reach every path)
 CHUNK = 16 if TRITON_INTERPRET else 2048
 KC = 4 if TRITON_INTERPRET else 32
+#: ... and with ``wide`` (a top_k above WIDE_TOP_K): top-k up to about 1600 (GPT-2) stays on the fast
+#: path, where with KC a k-th largest below the 25 x 32 candidates is drawn in one program (~245 us)
+KC_WIDE = 8 if TRITON_INTERPRET else 64
+WIDE_TOP_K = 4 if TRITON_INTERPRET else 400
 #: Warps of every program (a chunk's, and the last one of a row that merges). 16, not 8: four logits
 #: a thread, so half the instructions; the merge's code is fetched cold in a decode step (the LM head
 #: has just streamed its weights through L2), and at 8 warps that made it 1.4x slower than when warm
@@ -494,15 +498,16 @@ class SamplingParams:
 
 
 def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor, *,
-           out: torch.Tensor | None = None, nucleus_pass: bool = True) -> torch.Tensor:
+           out: torch.Tensor | None = None, nucleus_pass: bool = True, wide: bool = False) -> torch.Tensor:
     """One token per row of ``logits`` [B, V] (fp32/fp16/bf16, last dim contiguous), int64 [B].
 
     params: fp32 [3] = SamplingParams.tensor(); seed: int64 [1]; positions: int32 [B], the position
     each row's token will take (with the seed and the row, it keys the random stream: same seed,
     same tokens). All on the logits' device; nothing is read back to the host (graph-capturable).
     nucleus_pass=False leaves out kernels C and D (one launch) where the host knows top_p is 1 (the
-    engine's SamplingParams); a row that needs them is then drawn exactly in B's program, slowly. The
-    distribution is the same either way; the tokens can differ (another path, other noise).
+    engine's SamplingParams); a row that needs them is then drawn exactly in B's program, slowly.
+    wide=True keeps KC_WIDE candidates a chunk instead of KC, for a top_k above WIDE_TOP_K (the engine
+    sets it). Neither changes the distribution; the tokens can differ (another path, other noise).
     """
     check_tensor(logits, "logits", dtypes=FLOAT_DTYPES, ndim=2)
     check_tensor(params, "params", dtypes=(torch.float32,), ndim=1)
@@ -516,7 +521,8 @@ def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, posit
                          f"{tuple(seed.shape)}, {tuple(positions.shape)}")
     if logits.stride(-1) != 1:
         raise ValueError(f"logits: the last dim must be contiguous, got strides {logits.stride()}")
-    return _choose(logits, params, seed, positions, out, greedy=False, nucleus=nucleus_pass)
+    return _choose(logits, params, seed, positions, out, greedy=False, nucleus=nucleus_pass,
+                   kc=KC_WIDE if wide else KC)
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -546,7 +552,7 @@ def _counters(device: torch.device, b: int) -> torch.Tensor:
     return buf
 
 
-def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = False) -> torch.Tensor:
+def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = False, kc: int = KC) -> torch.Tensor:
     """Launch A+B (and C+D when sampling) over ``logits`` [B, V] (checked). The kernels of one device
     share its counters: calls on two streams at once would have to be ordered by the caller."""
     b, v = logits.shape
@@ -559,12 +565,12 @@ def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = 
     dev, s_row = logits.device, logits.stride(0)
     wsf = torch.empty(4 * n + 2 * b, dtype=torch.float32, device=dev)     # m, Z, best | max, Z_k | masses
     wsi = torch.empty(2 * n + 2 * b, dtype=torch.int32, device=dev)       # winners | need, drawn key | tau
-    cand = torch.empty(1 if greedy else n * KC, dtype=torch.int64, device=dev)
-    cands = torch.empty(1 if greedy else n * KC, dtype=torch.float32, device=dev)
+    cand = torch.empty(1 if greedy else n * kc, dtype=torch.int64, device=dev)
+    cands = torch.empty(1 if greedy else n * kc, dtype=torch.float32, device=dev)
     count = _counters(dev, b)
     ncp = next_power_of_2(nc)
     _choose_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, cands, count, out, v, s_row, nc,
-                            GREEDY=greedy, CHUNK=CHUNK, KC=KC, NB=NB, RANGE=RANGE, NCP=ncp,
+                            GREEDY=greedy, CHUNK=CHUNK, KC=kc, NB=NB, RANGE=RANGE, NCP=ncp,
                             MAX_ROUNDS=MAX_ROUNDS, NUCLEUS=nucleus, BLOCK_V=BLOCK_V, num_warps=CHUNK_WARPS)
     if nucleus:
         _reject_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, count, out, v, s_row, nc,

@@ -78,7 +78,7 @@ from .gemv import MAX_ROWS as GEMV_ROWS
 from .gemv import gemv
 from .kv_cache import KVCache, write_kv
 from .layernorm import add_layernorm
-from .sampling import SamplingParams, argmax, sample
+from .sampling import WIDE_TOP_K, SamplingParams, argmax, sample
 
 
 #: Under the CPU interpreter every program costs milliseconds of Python: wide tiles, few programs.
@@ -365,8 +365,9 @@ class GPT2Engine:
         # END TODO(a08)
 
     # ------------------------------------------------------------------ generation (given)
-    #: The mode of a plain generate(): greedy, no EOS, no top-p (the decode graph's key is (B, mode))
-    GREEDY = (False, False, False)
+    #: The mode of a plain generate(): greedy, no EOS, no top-p, no wide top-k (the decode graph's key is
+    #: (B, mode))
+    GREEDY = (False, False, False, False)
     #: At most this many end-of-sequence ids (transformers takes a list)
     MAX_EOS = 8
     #: generate() looks on the host whether every sequence has ended once per this many steps
@@ -470,17 +471,18 @@ class GPT2Engine:
             self._done[:b] = False
         else:
             self._eos.fill_(-1)
-        mode = (bool(do_sample), eos_token_id is not None, bool(do_sample) and top_p < 1)
+        mode = (bool(do_sample), eos_token_id is not None, bool(do_sample) and top_p < 1,
+                bool(do_sample) and top_k > WIDE_TOP_K)
         tok = self._next_token(self.prefill(ids, lengths, cuda_graph=use_graph), b, mode)
         return b, use_graph, mode, tok
 
-    def _next_token(self, logits: torch.Tensor, b: int, mode: tuple[bool, bool, bool]) -> torch.Tensor:
+    def _next_token(self, logits: torch.Tensor, b: int, mode: tuple[bool, bool, bool, bool]) -> torch.Tensor:
         """The next token of each sequence from its logits [B, vocab]: greedy (argmax) or sampled (the
         position it takes keys the random stream); with EOS, ended sequences get the pad id. Device
         work only: it is part of the captured decode step."""
-        do_sample, eos, nucleus = mode
-        if do_sample:      # without top-p, one kernel fewer (sample's nucleus_pass)
-            tok = sample(logits, self._params, self._seed, self.cache.lengths[:b], nucleus_pass=nucleus)
+        do_sample, eos, nucleus, wide = mode
+        if do_sample:      # without top-p, one kernel fewer (sample's nucleus_pass); a large top-k: wide
+            tok = sample(logits, self._params, self._seed, self.cache.lengths[:b], nucleus_pass=nucleus, wide=wide)
         elif logits.is_cuda:
             tok = argmax(logits)        # sampling.py's chunked argmax: at batch 1 a third of torch.argmax's time
         else:
@@ -491,7 +493,7 @@ class GPT2Engine:
             done |= (tok[:, None] == self._eos).any(-1)
         return tok
 
-    def _step(self, i: int, b: int, use_graph: bool, mode: tuple[bool, bool, bool], tok: torch.Tensor) -> torch.Tensor:
+    def _step(self, i: int, b: int, use_graph: bool, mode: tuple, tok: torch.Tensor) -> torch.Tensor:
         """Decode step i (>= 1) of a generation: the next tokens [B] after ``tok``."""
         if use_graph and ((b, mode) in self._graphs or i > 1):   # step 1 ran eagerly: kernels compiled, tuned
             tok = self._replay(b, mode, tok)
@@ -561,9 +563,9 @@ class GPT2Engine:
         raise ValueError(f"token id {ids[bad[0], bad[1]].item()} in sequence {bad[0]} at position {bad[1]} is out of "
                          f"range: expected 0 <= id < vocab_size={self.vocab_size}")
 
-    def _replay(self, b: int, mode: tuple[bool, bool, bool], tok: torch.Tensor) -> torch.Tensor:
+    def _replay(self, b: int, mode: tuple, tok: torch.Tensor) -> torch.Tensor:
         """One decode step and its token choice by CUDA-graph replay (captured on first use for batch size
-        b and mode = (sampled, with EOS, with top-p))."""
+        b and mode = (sampled, with EOS, with top-p, wide top-k))."""
         key = (b, mode)
         if key not in self._graphs:
             static_tok = tok.clone()

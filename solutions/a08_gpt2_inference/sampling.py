@@ -62,6 +62,13 @@ from common.launch import cdiv, next_power_of_2
 #: the tests' vocabularies of 8-200 tokens span several chunks and reach every path)
 CHUNK = 16 if TRITON_INTERPRET else 2048
 KC = 4 if TRITON_INTERPRET else 32
+#: ... and with ``wide`` (a top_k above WIDE_TOP_K): top-k up to about 1600 (GPT-2) stays on the fast
+#: path, where with KC a k-th largest below the 25 x 32 candidates is drawn in one program (~245 us)
+KC_WIDE = 8 if TRITON_INTERPRET else 64
+WIDE_TOP_K = 4 if TRITON_INTERPRET else 400
+#: C keeps a chunk's tokens above a rejected draw when there are at most KA (then the rejection chain
+#: goes on in registers, not in one program over the row)
+KA = 8 if TRITON_INTERPRET else 128
 #: Warps of every program (a chunk's, and the last one of a row that merges). 16, not 8: four logits
 #: a thread, so half the instructions; the merge's code is fetched cold in a decode step (the LM head
 #: has just streamed its weights through L2), and at 8 warps that made it 1.4x slower than when warm
@@ -360,6 +367,7 @@ def _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC,
         m_safe = tl.full([], 0.0, tl.float32)
         z_k = tl.full([], 0.0, tl.float32)
         key_t = tl.full([], 0, tl.int32)
+        rnd = tl.full([], 0, tl.int32)
         if (top_k > 0) | (top_p < 1.0):
             mc = tl.load(WSF + slot, mask=okc, other=float("-inf"), cache_modifier=".cg")
             m = tl.max(mc, axis=0)
@@ -399,7 +407,6 @@ def _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC,
             # superset of the nucleus serves as the next round's proposal; only a token inside is kept)
             go = exact & (top_p < 1.0)
             in_t = go & (tl.sum(tl.where(kept & (ks > tau_k), w, 0.0), axis=0) >= top_p * z_k)
-            rnd = 0
             while go:
                 short = key_t < tau_k
                 sure_out = short & in_t
@@ -418,6 +425,7 @@ def _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC,
         tl.store(WSF + 3 * n + nb + row, z_k)
         tl.store(WSI + n + row, need)
         tl.store(WSI + n + nb + row, key_t)
+        tl.store(WSI + 2 * n + 2 * nb + row, rnd)
         if not NUCLEUS:
             if need != 0:
                 tok = _exact_draw(LOGITS + row.to(tl.int64) * s_row, V, tl.load(PARAMS), top_k, top_p, tl.load(SEED),
@@ -427,13 +435,16 @@ def _finish(LOGITS, PARAMS, SEED, POS, WSF, WSI, CAND, CANDS, OUT, V, s_row, NC,
 
 
 @triton.jit
-def _reject_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, COUNT, OUT, V, s_row, NC, CHUNK: tl.constexpr,
-                   NCP: tl.constexpr, BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+def _reject_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, ABOVE, COUNT, OUT, V, s_row, NC, CHUNK: tl.constexpr,
+                   NCP: tl.constexpr, KA: tl.constexpr, BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr):
     """C, then D in the row's last program; only where B asked (WSI[n + row] != 0). C, program (row, c),
     need 1: the mass exp(x - max) of chunk c's tokens more probable than the drawn one, to
-    WSF[3n + 2B + row * NC + c]. D: keep B's token if the row's mass above it is below p * Z (1), else
-    draw exactly in one program (_exact_draw): the rejection chain's next rounds (1), or all of it (2,
-    program 0: top-k beyond the candidates)."""
+    WSF[3n + 2B + row * NC + c], and those tokens (packed, when there are at most KA of them) to ABOVE,
+    their count to WSI[2n + 3B + slot]. D: keep B's token if the row's mass above it is below p * Z (1);
+    else the rejection chain goes on among the tokens above it: in registers when every chunk's fitted
+    in ABOVE (each round a Gumbel-max draw among those above the last rejected token, with fresh noise,
+    then the mass above the new one, exact since they are all there), else in one program over the
+    row (_exact_draw, slowly), which also draws need 2 (program 0: top-k beyond the candidates)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     nb = tl.num_programs(0)
@@ -449,20 +460,52 @@ def _reject_kernel(LOGITS, PARAMS, SEED, POS, WSF, WSI, COUNT, OUT, V, s_row, NC
         cols = c * CHUNK + tl.arange(0, CHUNK)
         ok = cols < V
         temp = tl.load(PARAMS)
+        m = tl.load(WSF + 3 * n + row)
         x = _scaled(LOGITS + row.to(tl.int64) * s_row, cols, ok, temp)
         key_t = tl.load(WSI + n + nb + row)
         if key_t == NO_KEY:                          # B's token is no candidate: its key from the logits
             key_t = _skey(_scaled(LOGITS + row.to(tl.int64) * s_row, tl.load(OUT + row).to(tl.int32), True, temp))
+        slot = row * NC + c
         above = ok & (_skey(x) > key_t)
-        mass = tl.sum(tl.where(above, tl.exp(x - tl.load(WSF + 3 * n + row)), 0.0), axis=0)
-        tl.store(WSF + 3 * n + 2 * nb + row * NC + c, mass)
+        mass = tl.sum(tl.where(above, tl.exp(x - m), 0.0), axis=0)
+        cnt = tl.sum(above.to(tl.int32), axis=0)
+        tl.store(WSF + 3 * n + 2 * nb + slot, mass)
+        tl.store(WSI + 2 * n + 3 * nb + slot, cnt)
+        if cnt <= KA:                                # they fit: compacted by a cumsum, the rest empty
+            dst = ABOVE + slot.to(tl.int64) * KA
+            tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, _pack(x, cols), mask=above)
+            ja = tl.arange(0, KA)
+            tl.store(dst + ja, tl.full([KA], -9223372036854775808, tl.int64), mask=ja >= cnt)
         tl.debug_barrier()
         if tl.atomic_add(COUNT + row, 1, sem="acq_rel", scope="gpu") == NC - 1:
             tl.store(COUNT + row, 0)
             cs = tl.arange(0, NCP)
-            mass = tl.sum(tl.load(WSF + 3 * n + 2 * nb + row * NC + cs, mask=cs < NC, other=0.0,
-                                  cache_modifier=".cg"), axis=0)
-            run = mass >= top_p * z_k                        # rejected: D goes on with the chain
+            slots = row * NC + cs
+            mass = tl.sum(tl.load(WSF + 3 * n + 2 * nb + slots, mask=cs < NC, other=0.0, cache_modifier=".cg"), axis=0)
+            run = mass >= top_p * z_k                        # rejected: the chain goes on
+            fit = tl.max(tl.load(WSI + 2 * n + 3 * nb + slots, mask=cs < NC, other=0, cache_modifier=".cg"), axis=0) <= KA
+            if run & fit:
+                j = tl.arange(0, NCP * KA)
+                packed = tl.load(ABOVE + row.to(tl.int64) * NC * KA + j, mask=j < NC * KA,
+                                 other=-9223372036854775808, cache_modifier=".cg")
+                ks, xs, ids = _unpack(packed)
+                valid = packed != -9223372036854775808
+                w = tl.where(valid, tl.exp(xs - m), 0.0)
+                seed = tl.load(SEED)
+                p_row = tl.load(POS + row)
+                rnd = tl.load(WSI + 2 * n + 2 * nb + row)   # B's next fresh round
+                ref = key_t
+                tok = tl.full([], 0, tl.int32)
+                go = True
+                while go:
+                    g = tl.where(valid & (ks > ref), xs + _gumbel(seed, row, p_row, ids, rnd), float("-inf"))
+                    gbest = tl.max(g, axis=0)
+                    tok = tl.min(tl.where(valid & (g == gbest), ids, 2147483647), axis=0)
+                    ref = tl.max(tl.where(valid & (ids == tok), ks, -2147483648), axis=0)
+                    rnd += 1
+                    go = (tl.sum(tl.where(valid & (ks > ref), w, 0.0), axis=0) >= top_p * z_k) & (rnd < MAX_ROUNDS)
+                tl.store(OUT + row, tl.minimum(tl.maximum(tok, 0), V - 1).to(tl.int64))
+                run = False
             lo0 = key_t.to(tl.int64) + 2147483649       # _key of the next larger x
             z_kept0 = mass
             rnd0 = tl.full([], 1, tl.int32)
@@ -494,15 +537,16 @@ class SamplingParams:
 
 
 def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor, *,
-           out: torch.Tensor | None = None, nucleus_pass: bool = True) -> torch.Tensor:
+           out: torch.Tensor | None = None, nucleus_pass: bool = True, wide: bool = False) -> torch.Tensor:
     """One token per row of ``logits`` [B, V] (fp32/fp16/bf16, last dim contiguous), int64 [B].
 
     params: fp32 [3] = SamplingParams.tensor(); seed: int64 [1]; positions: int32 [B], the position
     each row's token will take (with the seed and the row, it keys the random stream: same seed,
     same tokens). All on the logits' device; nothing is read back to the host (graph-capturable).
     nucleus_pass=False leaves out kernels C and D (one launch) where the host knows top_p is 1 (the
-    engine's SamplingParams); a row that needs them is then drawn exactly in B's program, slowly. The
-    distribution is the same either way; the tokens can differ (another path, other noise).
+    engine's SamplingParams); a row that needs them is then drawn exactly in B's program, slowly.
+    wide=True keeps KC_WIDE candidates a chunk instead of KC, for a top_k above WIDE_TOP_K (the engine
+    sets it). Neither changes the distribution; the tokens can differ (another path, other noise).
     """
     check_tensor(logits, "logits", dtypes=FLOAT_DTYPES, ndim=2)
     check_tensor(params, "params", dtypes=(torch.float32,), ndim=1)
@@ -516,7 +560,8 @@ def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, posit
                          f"{tuple(seed.shape)}, {tuple(positions.shape)}")
     if logits.stride(-1) != 1:
         raise ValueError(f"logits: the last dim must be contiguous, got strides {logits.stride()}")
-    return _choose(logits, params, seed, positions, out, greedy=False, nucleus=nucleus_pass)
+    return _choose(logits, params, seed, positions, out, greedy=False, nucleus=nucleus_pass,
+                   kc=KC_WIDE if wide else KC)
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -546,7 +591,7 @@ def _counters(device: torch.device, b: int) -> torch.Tensor:
     return buf
 
 
-def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = False) -> torch.Tensor:
+def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = False, kc: int = KC) -> torch.Tensor:
     """Launch A+B (and C+D when sampling) over ``logits`` [B, V] (checked). The kernels of one device
     share its counters: calls on two streams at once would have to be ordered by the caller."""
     b, v = logits.shape
@@ -558,16 +603,17 @@ def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = 
     n = b * nc
     dev, s_row = logits.device, logits.stride(0)
     wsf = torch.empty(4 * n + 2 * b, dtype=torch.float32, device=dev)     # m, Z, best | max, Z_k | masses
-    wsi = torch.empty(2 * n + 2 * b, dtype=torch.int32, device=dev)       # winners | need, drawn key | tau
-    cand = torch.empty(1 if greedy else n * KC, dtype=torch.int64, device=dev)
-    cands = torch.empty(1 if greedy else n * KC, dtype=torch.float32, device=dev)
+    wsi = torch.empty(3 * n + 3 * b, dtype=torch.int32, device=dev)   # winners | need, key | tau | round | count
+    cand = torch.empty(1 if greedy else n * kc, dtype=torch.int64, device=dev)
+    cands = torch.empty(1 if greedy else n * kc, dtype=torch.float32, device=dev)
     count = _counters(dev, b)
     ncp = next_power_of_2(nc)
     _choose_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, cands, count, out, v, s_row, nc,
-                            GREEDY=greedy, CHUNK=CHUNK, KC=KC, NB=NB, RANGE=RANGE, NCP=ncp,
+                            GREEDY=greedy, CHUNK=CHUNK, KC=kc, NB=NB, RANGE=RANGE, NCP=ncp,
                             MAX_ROUNDS=MAX_ROUNDS, NUCLEUS=nucleus, BLOCK_V=BLOCK_V, num_warps=CHUNK_WARPS)
     if nucleus:
-        _reject_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, count, out, v, s_row, nc,
-                                CHUNK=CHUNK, NCP=ncp, BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS,
+        above = torch.empty(n * KA, dtype=torch.int64, device=dev)
+        _reject_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, above, count, out, v, s_row, nc,
+                                CHUNK=CHUNK, NCP=ncp, KA=KA, BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS,
                                 num_warps=CHUNK_WARPS)
     return out
