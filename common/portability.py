@@ -420,23 +420,23 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
         t = _dt(dt)
         for greedy in (True, False):
             mode = "greedy" if greedy else "sample"
-            yield Launch("a08", "_choose_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} KC={smp.KC} warps={smp.CHUNK_WARPS}",
+            yield Launch("a08", "_choose_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KC={smp.KC} warps={smp.CHUNK_WARPS}",
                          smp._choose_kernel,
                          (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
-                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, KC=smp.KC, NB=smp.NB, RANGE=smp.RANGE,
+                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, KC=smp.KC, NB=smp.NB, RANGE=smp.RANGE,
                               NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=not greedy,
-                              BLOCK_V=smp.BLOCK_V, num_warps=smp.CHUNK_WARPS))
-        yield Launch("a08", "_choose_kernel", f"{dt} sample wide CHUNK={smp.CHUNK} KC={smp.KC_WIDE} warps={smp.CHUNK_WARPS}",
+                              BLOCK_V=smp.BLOCK_V, USE_PDL=False, num_warps=smp.CHUNK_WARPS))
+        yield Launch("a08", "_choose_kernel", f"{dt} sample wide CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KC={smp.KC_WIDE} warps={smp.CHUNK_WARPS}",
                      smp._choose_kernel,
                      (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
-                     dict(GREEDY=False, CHUNK=smp.CHUNK, KC=smp.KC_WIDE, NB=smp.NB, RANGE=smp.RANGE,
+                     dict(GREEDY=False, CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, KC=smp.KC_WIDE, NB=smp.NB, RANGE=smp.RANGE,
                           NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=True,
-                          BLOCK_V=smp.BLOCK_V, num_warps=smp.CHUNK_WARPS))
-        yield Launch("a08", "_reject_kernel", f"{dt} CHUNK={smp.CHUNK} KA={smp.KA} BLOCK_V={smp.BLOCK_V} warps={smp.CHUNK_WARPS}",
+                          BLOCK_V=smp.BLOCK_V, USE_PDL=False, num_warps=smp.CHUNK_WARPS))
+        yield Launch("a08", "_reject_kernel", f"{dt} CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KA={smp.KA} BLOCK_V={smp.BLOCK_V} warps={smp.CHUNK_WARPS}",
                      smp._reject_kernel,
                      (t, f32, i64, i32, f32, i32, i64, i32, i64, 50257, 50257, nc),
-                     dict(CHUNK=smp.CHUNK, NCP=_next_pow2(nc), KA=smp.KA, BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS,
-                          num_warps=smp.CHUNK_WARPS))
+                     dict(CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, NCP=_next_pow2(nc), KA=smp.KA, BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS,
+                          USE_PDL=False, num_warps=smp.CHUNK_WARPS))
     for dt in (FP32, BF16, FP16):
         only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
         t, f = _dt(dt), _dt(FP32)

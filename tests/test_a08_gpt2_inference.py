@@ -757,25 +757,31 @@ def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
 
 @pytest.mark.gpu
 @pytest.mark.given
-@pytest.mark.parametrize("scale", [3.0, 0.55], ids=["peaked", "flat"])
+@pytest.mark.parametrize("scale", [3.0, 0.55, -3.0], ids=["peaked", "flat", "sorted"])
 def test_sample_kernel_on_gpt2_vocabulary(impl, scale, seed):
     """sampling.sample over GPT-2's 50257 tokens (25 chunks): 20000 draws against the exact
     distribution after each filter (_check_draws: chi-square on the cells expected >= 5 times, the rest
     pooled; none outside the kept tokens, none of the likely ones missing). "flat" logits (a random-weight model's spread) put the nucleus below the
-    chunks' candidates, so top-p is decided by rejection (kernels C and D); top_k=100 > KC is drawn in
-    one program; argmax against torch.argmax."""
+    chunks' candidates, so top-p is decided by rejection (kernels C and D); top_k=1000 takes the wide
+    candidates (the engine's choice above WIDE_TOP_K); "sorted" puts the likely tokens at the lowest ids, as a BPE vocabulary does with its
+    frequent ones; argmax against torch.argmax."""
     smp = impl.load("a08_gpt2_inference.sampling")
     g = torch.Generator().manual_seed(seed)
     v, n = 50257, 20000
-    logits = torch.randn(v, generator=g) * scale
+    logits = torch.randn(v, generator=g) * abs(scale)
+    if scale < 0:                                          # "sorted": the likely tokens at the lowest ids
+        logits = logits.sort(descending=True).values
     rows = logits.cuda().expand(n, -1).contiguous()       # fp32: bf16 logits tie, and ties at a top-p
     ref = logits                                           # border are kept here, cut by sort order there
     pos = torch.arange(n, dtype=torch.int32, device="cuda")
-    for t, k, p in [(1.0, 0, 1.0), (0.8, 50, 1.0), (0.8, 0, 0.9), (0.8, 50, 0.9), (1.0, 100, 1.0)]:
-        tok = smp.sample(rows, smp.SamplingParams(t, k, p).tensor("cuda"), torch.tensor([seed], device="cuda"), pos).cpu()
+    for t, k, p, nucleus in [(1.0, 0, 1.0, True), (0.8, 50, 1.0, True), (0.8, 0, 0.9, True), (0.8, 50, 0.9, True),
+                             (0.8, 50, 0.9, False), (1.0, 100, 1.0, True), (1.0, 1000, 1.0, False)]:
+        # nucleus_pass=False with top-k, as the engine calls it; a top-k beyond WIDE_TOP_K: wide, as the engine
+        tok = smp.sample(rows, smp.SamplingParams(t, k, p).tensor("cuda"), torch.tensor([seed], device="cuda"), pos,
+                         nucleus_pass=nucleus, wide=k > smp.WIDE_TOP_K).cpu()
         probs = _hf_probs(ref, t, k, p)
         counts = torch.bincount(tok, minlength=v).double()
-        _check_draws(counts, probs, f"T={t} top_k={k} top_p={p}")
+        _check_draws(counts, probs, f"T={t} top_k={k} top_p={p} nucleus_pass={nucleus}")
     assert smp.argmax(rows[:4]).tolist() == rows[:4].argmax(-1).tolist()
 
 

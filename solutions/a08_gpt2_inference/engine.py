@@ -471,7 +471,8 @@ class GPT2Engine:
             self._done[:b] = False
         else:
             self._eos.fill_(-1)
-        mode = (bool(do_sample), eos_token_id is not None, bool(do_sample) and top_p < 1,
+        # kernels C+D only for top-p without top-k (with top-k on, sampling.py never needs them)
+        mode = (bool(do_sample), eos_token_id is not None, bool(do_sample) and top_p < 1 and not 0 < top_k < self.vocab_size,
                 bool(do_sample) and top_k > WIDE_TOP_K)
         tok = self._next_token(self.prefill(ids, lengths, cuda_graph=use_graph), b, mode)
         return b, use_graph, mode, tok
@@ -482,9 +483,10 @@ class GPT2Engine:
         work only: it is part of the captured decode step."""
         do_sample, eos, nucleus, wide = mode
         if do_sample:      # without top-p, one kernel fewer (sample's nucleus_pass); a large top-k: wide
-            tok = sample(logits, self._params, self._seed, self.cache.lengths[:b], nucleus_pass=nucleus, wide=wide)
+            tok = sample(logits, self._params, self._seed, self.cache.lengths[:b], nucleus_pass=nucleus, wide=wide,
+                         pdl=self.pdl)
         elif logits.is_cuda:
-            tok = argmax(logits)        # sampling.py's chunked argmax: at batch 1 a third of torch.argmax's time
+            tok = argmax(logits, pdl=self.pdl)        # sampling.py's chunked argmax: at batch 1 a third of torch.argmax's time
         else:
             tok = logits.argmax(-1)
         if eos:

@@ -1,5 +1,7 @@
 """Time sampling.py's kernels alone (GPU): us per call, CUDA-graph replay of 20 calls, median of 50,
-bf16 logits [B, 50257], "peaked" (N(0, 3^2)) and "flat" (N(0, 0.55^2), a random-weight model's spread).
+bf16 logits [B, 50257], "peaked" (N(0, 3^2)), "flat" (N(0, 0.55^2), a random-weight model's spread) and
+"sorted" (peaked, in descending order: the likely tokens at the lowest ids, as a BPE vocabulary puts its
+frequent tokens). sample() is called as the engine calls it (nucleus_pass, wide from the parameters).
 
     PYTHONPATH=. python lectures/_tools/gpu/sampling_kernels.py [--old path/to/an/old/sampling.py]
 
@@ -8,6 +10,7 @@ sampling.py > /tmp/old_sampling.py`, the one-program-a-row kernel) on the same i
 Numbers in lectures/results/a08_sampling.md."""
 import argparse
 import importlib.util
+import inspect
 import sys
 
 import torch
@@ -35,18 +38,23 @@ def main() -> None:
         spec.loader.exec_module(old)
     print(torch.cuda.get_device_name())
     for b in (1, 8):
-        for name, scale in (("peaked", 3.0), ("flat", 0.55)):
+        for name, scale in (("peaked", 3.0), ("flat", 0.55), ("sorted", 3.0)):
             torch.manual_seed(0)
             lg = (torch.randn(b, 50257, device="cuda") * scale).to(torch.bfloat16)
+            if name == "sorted":
+                lg = lg.sort(-1, descending=True).values
             seed = torch.tensor([1], device="cuda")
             pos = torch.arange(b, dtype=torch.int32, device="cuda") + 100
             row = [f"B={b} {name}:", f"torch.argmax {graph_us(lambda: lg.argmax(-1)):.1f}",
                    f"argmax {graph_us(lambda: smp.argmax(lg)):.1f}"]
             for cfg in CONFIGS:
                 pt = smp.SamplingParams(*cfg).tensor("cuda")
-                cell = f"{cfg}: {graph_us(lambda: smp.sample(lg, pt, seed, pos)):.1f}"
-                if old is not None:
-                    cell += f" (old {graph_us(lambda: old.sample(lg, pt, seed, pos)):.1f})"
+                t, k, p = cfg          # as the engine calls it
+                kw = dict(nucleus_pass=p < 1 and not 0 < k < 50257, wide=k > smp.WIDE_TOP_K)
+                cell = f"{cfg}: {graph_us(lambda: smp.sample(lg, pt, seed, pos, **kw)):.1f}"
+                if old is not None:      # (the keywords it knows)
+                    okw = {k: v for k, v in kw.items() if k in inspect.signature(old.sample).parameters}
+                    cell += f" (old {graph_us(lambda: old.sample(lg, pt, seed, pos, **okw)):.1f})"
                 row.append(cell)
             print(" | ".join(row), flush=True)
 
