@@ -27,7 +27,8 @@ def test_table_has_a_row_per_track_and_computes_the_floors():
                                                  "| 6 matmul, real shapes (GPT-2 small-XL, 512-16k tokens, decode, unaligned)",
                                                  "| 7 flash attention, S=4096", "| 7 flash attention, real shapes",
                                                  "| 7c flash attention forward, Hopper CUDA",
-                                                 "| 8 GPT-2 inference (small, medium; bf16; prompts 128/960; batch 1/8/64)"]
+                                                 "| 8 GPT-2 inference (small, medium; bf16; prompts 128/960; batch 1/8/64)",
+                                                 "| 8 decode at the memory wall (bf16, batch 1, prompt 100)"]
     floors = [r.rstrip(" |").split(" | ")[-1] for r in rows]
     assert all(f.split(": ", 1)[-1].startswith(("met", "**not met**")) for f in floors), floors
 

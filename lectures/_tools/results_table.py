@@ -238,6 +238,31 @@ def gpt2_row() -> list[str]:
     return [stage, result, f"decode ≥ 3x eager at batch 1, ≥ 1.0x compiled; prefill ≥ 1.0x eager: {_status(misses)}"]
 
 
+#: The decode step's floors (issue #28): share of the copy bandwidth at batch 1, prompt 100, and XL at 16 x 500
+DECODE_FLOORS = {("small", "1", "100"): 0.30, ("medium", "1", "100"): 0.40, ("large", "1", "100"): 0.50,
+                 ("xl", "1", "100"): 0.60, ("xl", "16", "500"): 0.65}
+
+
+def decode_row() -> list[str]:
+    """a08_decode_step.csv (``bench --step``): the engine's path (the gemv with PDL) as a share of the copy
+    bandwidth, bytes = every weight + the KV cache read per step; the plot: a08_decode_bandwidth.png."""
+    rows = [r for r in _rows("a08_decode_step.csv") if r["path"] == "gemv + PDL"]
+    cells, misses = [], []
+    for r in rows:
+        key = (r["model"], r["batch"], r["prompt"])
+        label = r["model"] if key[1:] == ("1", "100") else f"{r['model']} B{r['batch']} P{r['prompt']}"
+        share = 100 * _f(r["of_copy"])
+        cells.append(f"{label} {share:.1f}%")
+        floor = DECODE_FLOORS.get(key)
+        if floor is not None and share < 100 * floor:
+            misses.append(f"{label} {share:.1f}% < {100 * floor:.0f}%")
+    result = ("decode step, share of the copy bandwidth (weights + KV cache read per step): " + ", ".join(cells)
+              + " ([plot](lectures/results/a08_decode_bandwidth.png))")
+    floors = ", ".join(f"{m}{'' if (b, p) == ('1', '100') else f' B{b} P{p}'} {100 * f:.0f}%"
+                       for (m, b, p), f in DECODE_FLOORS.items())
+    return ["8 decode at the memory wall (bf16, batch 1, prompt 100)", result, f"{floors}: {_status(misses)}"]
+
+
 # ----------------------------------------------------------------------------- the eager column
 #: Which cases of hostcost.csv (``python -m common.hostcost``) each row's eager column shows, with a short label.
 EAGER = {"1-3": [("a03_add_bias", "`add_bias`"), ("a03_linear_addmm", "`FusedLinear`"),
@@ -256,6 +281,8 @@ def eager_cell(stage: str) -> str:
     if not (RESULTS / "hostcost.csv").exists():
         return "not measured yet (`python -m common.hostcost`)"
     rows = {r["key"]: r for r in _rows("hostcost.csv")}
+    if stage.startswith("8 decode"):
+        return "-"
     if stage.startswith("7 flash attention, real shapes"):
         train = [r for k, r in rows.items() if k.startswith("training_")]
         if not train:
@@ -281,7 +308,7 @@ def eager_cell(stage: str) -> str:
 
 
 ROWS = (linear_row, gelu_row, matmul_row, matmul_real_row, attention_row, attention_real_row, hopper_attention_row,
-        gpt2_row)
+        gpt2_row, decode_row)
 
 
 def table() -> str:
