@@ -79,8 +79,9 @@ RUNS: dict[str, list[Run]] = {
                 "a08_gpt2_inference.md": "a08_gpt2_inference.md", "a08_gpt2_inference.csv": "a08_gpt2_inference.csv",
                 "a08_decode_speedup.png": "a08_decode_speedup.png", "bench.log": "a08_h100_bench.log",
                 "a08_profile_small.txt": "a08_profile_small.txt"}),
-            Run("a08_run.sh", ("gemv",), files=_same("a08_gemv.md")),
-            Run("a08_run.sh", ("step",), files=_same("a08_decode_step.md")),
+            Run("a08_run.sh", ("gemv",), files=_same("a08_gemv.md", "a08_gemv.csv", "a08_gemv_sweep.csv")),
+            Run("a08_run.sh", ("step",), files=_same("a08_decode_step.md", "a08_decode_step.csv")),
+            Run("a08_run.sh", ("tests",), files={"pytest_a08.log": "a08_h100_tests.log"}),
             Run("a08_run.sh", ("profile",), files=_same("a08_decode_profile.md", "a08_decode_timeline.png"))],
 }
 
