@@ -450,11 +450,16 @@ class GPT2Engine:
             self._done[:b] = False
         else:
             self._eos.fill_(-1)
-        # kernels C+D only for top-p without top-k (with top-k on, sampling.py never needs them)
-        mode = (bool(do_sample), eos_token_id is not None, bool(do_sample) and top_p < 1 and not 0 < top_k < self.vocab_size,
-                bool(do_sample) and top_k > WIDE_TOP_K)
+        mode = self.mode(do_sample, eos_token_id is not None, top_k, top_p)
         tok = self._next_token(self.prefill(ids, lengths, cuda_graph=use_graph), b, mode)
         return b, use_graph, mode, tok
+
+    def mode(self, do_sample: bool, eos: bool, top_k: int = 0, top_p: float = 1.0) -> tuple[bool, bool, bool, bool]:
+        """What a generate() call's decode graph depends on (its key is (B, mode)): (sampled, with EOS,
+        with kernels C+D: top-p without top-k, for with top-k on sampling.py never needs them, wide top-k)."""
+        do_sample = bool(do_sample)
+        return (do_sample, bool(eos), do_sample and top_p < 1 and not 0 < top_k < self.vocab_size,
+                do_sample and top_k > WIDE_TOP_K)
 
     def _next_token(self, logits: torch.Tensor, b: int, mode: tuple[bool, bool, bool, bool]) -> torch.Tensor:
         """The next token of each sequence from its logits [B, vocab]: greedy (argmax) or sampled (the

@@ -390,8 +390,7 @@ def sampling_table(impl: Impl, cases, runs: int, head: str, cmd: str, out_dir: P
         base = None
         for name, kw in SAMPLING.items():
             engine.generate(ids, 3, **kw)                         # compiles, captures this mode's graph
-            mode = (bool(kw.get("do_sample")), "eos_token_id" in kw, kw.get("top_p", 1.0) < 1,
-                    bool(kw.get("do_sample")) and kw.get("top_k", 0) > eng_mod.WIDE_TOP_K)
+            mode = engine.mode(kw.get("do_sample", False), "eos_token_id" in kw, kw.get("top_k", 0), kw.get("top_p", 1.0))
             graph, _ = engine._graphs[(b, mode)]
             ms = statistics.median(replay_ms(engine, graph, b, p, runs))
             base = base or ms

@@ -98,10 +98,8 @@ NO_KEY = tl.constexpr(-2147483648)
 
 @triton.jit
 def _key(x):
-    """An integer key in [0, 2^32) with the order of the fp32 values x (int64)."""
-    bits = x.to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return key.to(tl.int64) + 2147483648
+    """An integer key in [0, 2^32) with the order of the fp32 values x (int64): _skey + 2^31."""
+    return _skey(x).to(tl.int64) + 2147483648
 
 
 @triton.jit
