@@ -367,7 +367,8 @@ def _flash_args(d: int, dt: str, kind: str) -> tuple:
     t, f = _dt(dt), _dt(FP32)
     strides = (12 * 4096 * d, 4096 * d, d, 1)
     tensors = {"fwd": (t, t, t, t, f), "dkdv": (t, t, t, t, f, f, t, t), "dq": (t, t, t, t, f, f, t)}[kind]
-    return (*tensors, *strides * 4, 12, 4096, 4096, 0.125)
+    grads = () if kind == "fwd" else strides[:3]     # the backward kernels' dQ / dK, dV layout (contiguous here)
+    return (*tensors, *strides * 4, *grads, 12, 4096, 4096, 0.125)
 
 
 def _a07(load, archs: list[Arch], full: bool) -> Iterator[Launch]:

@@ -332,6 +332,21 @@ def test_triton_upstream_grad_strided(tri):
         check(g, e, torch.float16, name, grad=True)
 
 
+def test_triton_grads_in_the_inputs_layout(tri):
+    """GPT-2's q, k, v are head views of one [B, S, 3·H·d] tensor. dQ, dK, dV come back dense in that
+    [B, S, H, d] memory order, so autograd takes them back through the views without a copy."""
+    b, s, h, d, dtype = 2, 37, 3, 32, torch.bfloat16
+    qkv_ = randn(b, s, 3 * h * d, dtype=dtype)
+    q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in qkv_.split(h * d, dim=-1))
+    o, lse = tri.attention_forward(q, k, v, True)
+    do = randn(b, h, s, d, dtype=dtype)
+    grads = tri.attention_backward(q, k, v, o, lse, do, True)
+    for name, g, r in zip(("dQ", "dK", "dV"), grads, ref.attention_backward(q, k, v, do, True)):
+        check(g, r, dtype, name, grad=True)
+        assert g.transpose(1, 2).is_contiguous(), \
+            f"{name}: strides {g.stride()}; expected dense memory in the input's [B, S, H, d] order"
+
+
 @pytest.mark.gpu
 def test_triton_memory_is_linear(tri):
     """Peak extra memory of forward+backward grows ~linearly in S (naive grows as S²)."""

@@ -46,3 +46,53 @@ def test_stubbed_bench_writes_its_table(tmp_path):
     hostcost.write(rows, tmp_path, "hc", "cmd", "CPU")
     assert "add_bias" in (tmp_path / "hc.md").read_text()
     assert hostcost.compare(tmp_path / "hc.csv", tmp_path / "hc.csv") == 0
+
+
+# ----------------------------------------------------------------------------- the fast launcher
+def _copy_kernel():
+    import triton.language as tl
+
+    @triton.jit
+    def copy_scaled(X, Y, n, scale, BLOCK: tl.constexpr, DOUBLE: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(X + i, mask=i < n)
+        y = x * scale
+        if DOUBLE:
+            y = y * 2
+        tl.store(Y + i, y.to(Y.dtype.element_ty), mask=i < n)
+    return copy_scaled
+
+
+def test_launcher_launches_what_triton_launches():
+    """Every key Triton specialises on gets its own compiled kernel: pointer alignment (a view one
+    element in), integers equal to 1 or divisible by 16, dtypes, constexprs, options, a grid given as a
+    function, another stream. On the CPU (interpreter) every call takes Triton's own path."""
+    from common.launch import Launcher
+    kernel = _copy_kernel()
+    launch = Launcher(kernel)
+    dev = common.DEVICE
+    seen = set()
+    for _ in range(2):                     # the second round hits the cache for every key
+        for n in (1, 16, 17, 1000, 4096):
+            for dtype in (torch.float32, torch.float16):
+                for offset in (0, 1):
+                    for double in (False, True):
+                        x = torch.randn(n + offset, device=dev).to(dtype)[offset:]
+                        y = torch.full_like(x, float("nan"))
+                        block = 64 if n < 1000 else 256
+                        grid = (cdiv(n, block),) if double else (lambda meta: (cdiv(n, meta["BLOCK"]),))
+                        ck = launch[grid](x, y, n, 2.0, BLOCK=block, DOUBLE=double, num_warps=2 if double else 4)
+                        seen.add(id(ck))
+                        expect = (x.float() * 2.0 * (2 if double else 1)).to(dtype)   # exact: powers of 2
+                        torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"n={n} {dtype} +{offset} {double}")
+    if common.HAS_CUDA:
+        assert len(launch._cache) >= 2 * 2 * 2 * 3     # n: {1}, {16, 4096 (% 16)}, {17, 1000}... at least
+        s = torch.cuda.Stream()
+        x = torch.randn(4096, device=dev)
+        y = torch.zeros_like(x)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(1_000_000)           # the launch below must queue behind this, on s
+            launch[(16,)](x, y, 4096, 1.0, BLOCK=256, DOUBLE=False)
+            assert torch.cuda.current_stream() == s
+        s.synchronize()
+        torch.testing.assert_close(y, x, rtol=0, atol=0)

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
-from common.launch import cdiv, next_power_of_2
+from common.launch import cdiv, fast, next_power_of_2
 from common.triton_helpers import dim_mask
 
 LOG2E = 1.4426950408889634
@@ -171,13 +171,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         o_part = l_part = out          # unused
     use_pdl = bool(pdl) and pdl_supported(q.device)
     launch = dict(launch_pdl=True) if use_pdl else {}
-    _decode_split[(n, b * h)](q, k_cache, v_cache, lengths, out, o_part, l_part,
-                              q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-                              h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
-                              USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=split_warps(d), **launch)
+    fast(_decode_split)[(n, b * h)](q, k_cache, v_cache, lengths, out, o_part, l_part,
+                                    q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                    v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+                                    h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
+                                    USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=split_warps(d), **launch)
     if n > 1:
-        _decode_combine[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
-                                  NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
-                                  BLOCK_D=next_power_of_2(d), num_warps=1, **launch)
+        fast(_decode_combine)[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
+                                        NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
+                                        BLOCK_D=next_power_of_2(d), num_warps=1, **launch)
     return out

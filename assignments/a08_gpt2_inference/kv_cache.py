@@ -28,7 +28,7 @@ import triton.language as tl
 
 from common import pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
-from common.launch import cdiv, next_power_of_2
+from common.launch import cdiv, fast, next_power_of_2
 from common.triton_helpers import dim_mask
 
 
@@ -80,10 +80,10 @@ def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, st
     if b * t == 0:
         return
     use_pdl = bool(pdl) and pdl_supported(qkv.device)
-    _write_kv_kernel[(b * t,)](qkv, k_cache, v_cache, start, t, h, s_max, qkv.stride(1),
-                               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                               HEAD_DIM=d, BLOCK_H=next_power_of_2(h), num_warps=4, BLOCK_D=next_power_of_2(d),
-                               USE_PDL=use_pdl, **(dict(launch_pdl=True) if use_pdl else {}))
+    fast(_write_kv_kernel)[(b * t,)](qkv, k_cache, v_cache, start, t, h, s_max, qkv.stride(1),
+                                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                     HEAD_DIM=d, BLOCK_H=next_power_of_2(h), num_warps=4, BLOCK_D=next_power_of_2(d),
+                                     USE_PDL=use_pdl, **(dict(launch_pdl=True) if use_pdl else {}))
 
 
 class KVCache:

@@ -29,7 +29,7 @@ import triton.language as tl
 from common import TRITON_INTERPRET
 from common.checks import check_tensor
 from common.impl import op_namespace
-from common.launch import cdiv, plain_eager
+from common.launch import cdiv, fast, plain_eager
 from common.timing import autotune_bench, precompile
 
 NS = op_namespace(__name__)
@@ -80,9 +80,10 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------ given code
-#: The autotuner's pick per (n, dtype), once it has tuned that n: later calls launch the kernel with
-#: it directly (a dict lookup instead of the autotuner's per-call key building and precompile check).
-_BEST: dict[tuple[int, torch.dtype], triton.Config] = {}
+#: The autotuner's pick per (n, dtype), once it has tuned that n, as (grid, launch kwargs): later calls
+#: launch the kernel with it directly (a dict lookup instead of the autotuner's per-call key building
+#: and precompile check).
+_BEST: dict[tuple[int, torch.dtype], tuple[tuple[int], dict]] = {}
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
@@ -96,9 +97,10 @@ def _gelu(x: torch.Tensor) -> torch.Tensor:
             grid = lambda meta: (cdiv(n, meta["BLOCK"]),)  # noqa: E731
             precompile(gelu_kernel, grid, x, y, n)
             gelu_kernel[grid](x, y, n)
-            _BEST[(n, x.dtype)] = gelu_kernel.best_config
+            cfg = gelu_kernel.best_config
+            _BEST[(n, x.dtype)] = ((cdiv(n, cfg.kwargs["BLOCK"]),), cfg.all_kwargs())
         else:
-            gelu_kernel.fn[(cdiv(n, best.kwargs["BLOCK"]),)](x, y, n, **best.all_kwargs())
+            fast(gelu_kernel.fn)[best[0]](x, y, n, **best[1])
     return y
 
 

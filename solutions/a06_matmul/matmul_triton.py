@@ -36,7 +36,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, gpu
 from common.checks import check_same, check_tensor
-from common.launch import cdiv
+from common.launch import cdiv, fast
 from common.timing import autotune_bench, precompile
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -383,7 +383,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         best = _matmul_autotuned.best_config
         _TUNED[plan.tune_key] = (_shape(best), best.kwargs["PREFETCH"])
         return out
-    matmul_kernel[plan.grid](*args, **plan.meta)
+    fast(matmul_kernel)[plan.grid](*args, **plan.meta)
     return out
 
 

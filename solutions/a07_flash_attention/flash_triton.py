@@ -44,7 +44,7 @@ from triton.runtime.errors import OutOfResources
 
 from common import TRITON_INTERPRET
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
-from common.launch import cdiv
+from common.launch import cdiv, fast
 from common.timing import compile_together
 from common.triton_helpers import dim_mask
 
@@ -175,16 +175,17 @@ def _attn_bwd_delta(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, N_Q
 @triton.jit
 def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, sdz, sdh, sdm, sdd,
-                   H, N_Q, N_K, sm_scale,
+                   sgz, sgh, sgn, H, N_Q, N_K, sm_scale,
                    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """DK, DV (contiguous [Z, H, N_K, HEAD_DIM]) for one key tile; loops over query tiles."""
+    """DK, DV ([Z, H, N_K, HEAD_DIM], one layout: strides sgz, sgh, sgn, 1) for one key tile; loops over
+    query tiles."""
     # TODO(a07): kernel 3 (dK, dV). Program (pid_n, zh) owns keys n0 = pid_n·BLOCK_N ..: load k, v once,
     #   dk = dv = 0 (fp32). Loop over the query tiles that see these keys (shift = N_K - N_Q; causal:
     #   start at row n0 - shift, mask the band up to row n0 + BLOCK_N - 1 - shift, then no mask).
     #   Per query tile (load q, dO, LSE, DELTA):
     #     pᵀ = exp2(k qᵀ·sm_scale·log2e - LSE·log2e)   (0 where masked; padding rows: LSE = +inf)
     #     dv += pᵀ dO;  dpᵀ = v dOᵀ;  dsᵀ = pᵀ ∘ (dpᵀ - DELTA);  dk += dsᵀ q
-    #   Store dk·sm_scale and dv (DK, DV are contiguous [Z·H, N_K, HEAD_DIM]).
+    #   Store dk·sm_scale and dv: element (z, h, n, j) of DK and DV at z·sgz + h·sgh + n·sgn + j.
     # STUB: pass
     # SOLUTION
     pid_n = tl.program_id(0)
@@ -249,7 +250,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         dk = tl.dot(dsT.to(q.dtype), q, dk)
 
     dk = dk * sm_scale
-    out = zh.to(tl.int64) * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    out = z * sgz + h * sgh + offs_n[:, None] * sgn + offs_d[None, :]
     tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
     # END TODO(a07)
@@ -258,14 +259,14 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
 @triton.jit
 def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd, sdz, sdh, sdm, sdd,
-                 H, N_Q, N_K, sm_scale,
+                 sgz, sgh, sgm, H, N_Q, N_K, sm_scale,
                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """DQ (contiguous [Z, H, N_Q, HEAD_DIM]) for one query tile; loops over key tiles."""
+    """DQ ([Z, H, N_Q, HEAD_DIM], strides sgz, sgh, sgm, 1) for one query tile; loops over key tiles."""
     # TODO(a07): kernel 4 (dQ). Program (pid_m, zh) owns query rows m0 = pid_m·BLOCK_M ..: load q, dO,
     #   LSE, DELTA once, dq = 0 (fp32). Loop over key tiles as in kernel 1 (unmasked, then the band):
     #     p = exp2(q kᵀ·sm_scale·log2e - LSE·log2e) (0 where masked); dp = dO vᵀ;
     #     ds = p ∘ (dp - DELTA); dq += ds k
-    #   Store dq·sm_scale (DQ is contiguous [Z·H, N_Q, HEAD_DIM]).
+    #   Store dq·sm_scale: element (z, h, m, j) of DQ at z·sgz + h·sgh + m·sgm + j.
     # STUB: pass
     # SOLUTION
     pid_m = tl.program_id(0)
@@ -325,7 +326,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         dq = tl.dot(ds.to(k.dtype), k, dq)
 
     dq = dq * sm_scale
-    out = zh.to(tl.int64) * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    out = z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :]
     tl.store(DQ + out, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     # END TODO(a07)
 
@@ -452,7 +453,7 @@ def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool) -> None:
     if _smaller:                     # empty on a GPU where every config fits (the H100's 16-bit tables)
         kwargs = _smaller.get((kernel, tuple(kwargs.items())), kwargs)
     try:
-        kernel[grid](*args, **kwargs)
+        fast(kernel)[grid](*args, **kwargs)
         return
     except OutOfResources:
         if not fallback:
@@ -461,7 +462,7 @@ def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool) -> None:
     rest = {k: v for k, v in kwargs.items() if k not in names}
     for cfg in list(smaller_configs({k: kwargs[k] for k in names}))[1:]:
         try:
-            kernel[grid](*args, **rest, **cfg)
+            fast(kernel)[grid](*args, **rest, **cfg)
         except OutOfResources:
             continue
         _smaller[(kernel, tuple(kwargs.items()))] = {**rest, **cfg}
@@ -567,21 +568,50 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return o, lse
 
 
+def grad_strides(x: torch.Tensor) -> tuple[int, ...] | None:
+    """Strides for x's gradient: dense, in x's own memory order, when x is 4-D [Z, H, N, d] with d
+    contiguous; None (a contiguous gradient) otherwise. GPT-2's q, k, v are head views of one
+    [B, S, 3·H·d] tensor, in [B, S, H, d] order: a gradient in that order needs no copy when autograd
+    takes it back through the views (a contiguous [B, H, S, d] one would: a transpose-and-copy per
+    tensor, about a fifth of a training step's attention time at GPT-2 small's shape)."""
+    if x.dim() != 4 or x.stride(3) != 1:
+        return None
+    order = sorted(range(3), key=lambda i: -x.stride(i))     # the outer dims, outermost first
+    strides, step = [0, 0, 0, 1], x.shape[3]
+    for i in reversed(order):
+        strides[i] = step
+        step *= x.shape[i]
+    return tuple(strides)
+
+
+def _grad(x: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+    if strides is None:
+        return _new(x.shape, x)
+    g = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    return g.fill_(float("nan")) if _options[-1].poison else g
+
+
 def _backward_plan(q, k, v, o, do, is_causal: bool) -> tuple:
     q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
     Z, H, nq, d = q4.shape
     nk = k4.shape[2]
     sm_scale = 1.0 / math.sqrt(d)
-    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)
+    gq, gk = grad_strides(q), grad_strides(k)        # the layouts of dQ and of dK, dV
+    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
+    rest = (H, nq, nk, sm_scale)
+    # a contiguous gradient's strides as [Z, H, N, d] (its shape as q's, leading dims folded into Z)
+    gq4 = gq[:3] if gq is not None else (H * nq * d, nq * d, d)
+    gk4 = gk[:3] if gk is not None else (H * nk * d, nk * d, d)
     (dkdv, dkdv_cfg, dkdv_fallback), (dq_kernel, dq_cfg, dq_fallback) = (
         _kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype), _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
     # (kernel, grid, integer arguments, kwargs, may fall back): delta, dK/dV, dQ
     return ((_attn_bwd_delta, (cdiv(nq, 64), Z * H), (*o4.stride(), *do4.stride(), H, nq),
              dict(HEAD_DIM=d, BLOCK_M=64), False),
-            (dkdv, lambda meta: (cdiv(nk, meta["BLOCK_N"]), Z * H), ints,
+            (dkdv, lambda meta: (cdiv(nk, meta["BLOCK_N"]), Z * H), (*ints, *gk4, *rest),
              dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dkdv_cfg), dkdv_fallback),
-            (dq_kernel, lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H), ints,
-             dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg), dq_fallback))
+            (dq_kernel, lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H), (*ints, *gq4, *rest),
+             dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg), dq_fallback),
+            gq, gk)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -597,13 +627,13 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
         if _options[-1] is _DEFAULT:
             _BWD_PLANS[key] = plan
     q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
+    (delta_k, delta_grid, delta_ints, delta_kw, _), (dkdv, dkdv_grid, dkdv_ints, dkdv_kw, dkdv_fb), \
+        (dq_k, dq_grid, dq_ints, dq_kw, dq_fb), gq, gk = plan
     delta = _new(q.shape[:-1], q, torch.float32)
-    dq, dk, dv = _new(q.shape, q), _new(k.shape, k), _new(v.shape, v)
-    (delta_k, delta_grid, delta_ints, delta_kw, _), (dkdv, dkdv_grid, ints, dkdv_kw, dkdv_fb), \
-        (dq_k, dq_grid, _, dq_kw, dq_fb) = plan
+    dq, dk, dv = _grad(q, gq), _grad(k, gk), _grad(v, gk)     # dV in dK's layout: one set of strides
     launches = [(delta_k, delta_grid, (o4, do4, delta, *delta_ints), delta_kw),
-                (dkdv, dkdv_grid, (q4, k4, v4, do4, lse, delta, dk, dv, *ints), dkdv_kw),
-                (dq_k, dq_grid, (q4, k4, v4, do4, lse, delta, dq, *ints), dq_kw)]
+                (dkdv, dkdv_grid, (q4, k4, v4, do4, lse, delta, dk, dv, *dkdv_ints), dkdv_kw),
+                (dq_k, dq_grid, (q4, k4, v4, do4, lse, delta, dq, *dq_ints), dq_kw)]
     # The first backward of a kind compiles its three kernels side by side (a second or more each on
     # a Hopper); the key is coarse: a kind it misses compiles one kernel after another, as without it.
     # (Asked once per plan: a known plan was compiled by its first call.)
@@ -637,5 +667,12 @@ class FlashAttentionTriton(torch.autograd.Function):
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-    """softmax(q kᵀ / sqrt(d)) v with the Triton kernels, differentiable."""
-    return FlashAttentionTriton.apply(q, k, v, is_causal)
+    """softmax(q kᵀ / sqrt(d)) v with the Triton kernels, differentiable.
+
+    A call that records no gradient (no input requires one, or grad mode is off) runs the forward
+    kernel directly: ``autograd.Function.apply`` costs about as much host time as the launch itself
+    (lecture 3, "Host overhead"), and there is nothing to save for a backward.
+    """
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        return FlashAttentionTriton.apply(q, k, v, is_causal)
+    return attention_forward(q, k, v, bool(is_causal))[0]

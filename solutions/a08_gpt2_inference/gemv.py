@@ -52,7 +52,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import check_same, check_tensor
-from common.launch import cdiv, next_power_of_2
+from common.launch import cdiv, fast, next_power_of_2
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
 
@@ -365,6 +365,39 @@ def _counters(device: torch.device, blocks: int) -> torch.Tensor:
     return t
 
 
+#: gemv's launch plans per key (rows, N, K, dtype, W's layout, device and the options): the config, the
+#: grid and the kernel's constexprs, decided on a key's first call and looked up after that (lecture 3,
+#: "Host overhead").
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: torch.device, activation: str | None,
+          has_bias: bool, config, pdl: bool) -> tuple:
+    """(grid, rows of W per split, launch kwargs) for one gemv key; raises on a bad ``config``."""
+    if config is None:
+        config = choose_config(m, n, k, dtype, k_contig, sm_count(device))
+    if len(config) not in (5, 6):
+        raise ValueError(f"config: expected (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, use_dot]), got {config}")
+    bn, bk, splits, warps, stages = config[:5]
+    dot = bool(config[5]) if len(config) == 6 else use_dot(m)
+    bm = block_m(m, dot)
+    if bn < 1 or bk < 1 or bn & (bn - 1) or bk & (bk - 1) or (dot and (bn < 16 or bk < 16)):
+        raise ValueError(f"config: BLOCK_N={bn} and BLOCK_K={bk} must be powers of 2 (>= 16 with tl.dot)")
+    if splits < 1:
+        raise ValueError(f"config: SPLIT_K={splits}; expected >= 1")
+    per = cdiv(cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
+    n_blocks = cdiv(n, bn)
+    if splits > 1 and n_blocks > COUNTERS:
+        raise ValueError(f"gemv: {n_blocks} column blocks split K; at most {COUNTERS} (use a wider BLOCK_N)")
+    use_pdl = bool(pdl) and pdl_supported(device)
+    kwargs = dict(HAS_BIAS=has_bias, ACTIVATION=activation, FAST_TANH=not TRITON_INTERPRET and dtype != torch.float32,
+                  SPLIT_K=splits, COMBINE=combine_chunk(splits, bm, bn, warps), USE_DOT=dot,
+                  DOT_FP32=TRITON_INTERPRET and dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  W_K_CONTIG=k_contig, FENCE=not TRITON_INTERPRET, USE_PDL=use_pdl, num_warps=warps,
+                  num_stages=stages, **(dict(launch_pdl=True) if use_pdl else {}))
+    return (n_blocks, splits), per, kwargs
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
          out: torch.Tensor | None = None, config: tuple[int, int, int, int, int] | None = None,
          pdl: bool = False) -> torch.Tensor:
@@ -414,34 +447,24 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
             raise ValueError(f"out: expected shape {out_shape}, got {tuple(out.shape)}")
     if m == 0 or n == 0:
         return out
-    y2 = out.view(m, n)
-    if config is None:
-        config = choose_config(m, n, k, x.dtype, w.stride(0) == 1 and k > 1, sm_count(x.device))
-    if len(config) not in (5, 6):
-        raise ValueError(f"config: expected (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, use_dot]), got {config}")
-    bn, bk, splits, warps, stages = config[:5]
-    dot = bool(config[5]) if len(config) == 6 else use_dot(m)
-    bm = block_m(m, dot)
-    if bn < 1 or bk < 1 or bn & (bn - 1) or bk & (bk - 1) or (dot and (bn < 16 or bk < 16)):
-        raise ValueError(f"config: BLOCK_N={bn} and BLOCK_K={bk} must be powers of 2 (>= 16 with tl.dot)")
-    if splits < 1:
-        raise ValueError(f"config: SPLIT_K={splits}; expected >= 1")
-    per = cdiv(cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
-    n_blocks = cdiv(n, bn)
-    if splits > 1:
-        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        count = _counters(x.device, n_blocks)
+    y2 = out if out.dim() == 2 else out.view(m, n)
+    k_contig = w.stride(0) == 1 and k > 1
+    try:
+        key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl))
+        plan = _PLANS.get(key)
+    except TypeError:                  # a config given as a list: no key, decided afresh
+        key, plan = None, None
+    if plan is None:
+        plan = _plan(m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, pdl)
+        if key is not None:
+            _PLANS[key] = plan
+    grid, per, kwargs = plan
+    if grid[1] > 1:
+        part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
+        count = _counters(x.device, grid[0])
     else:
         part = count = y2                                          # unused
-    use_pdl = bool(pdl) and pdl_supported(x.device)
-    launch = dict(launch_pdl=True) if use_pdl else {}
-    _matvec_kernel[(n_blocks, splits)](
+    fast(_matvec_kernel)[grid](
         x2, w, bias if bias is not None else y2, y2, part, count,
-        m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0),
-        HAS_BIAS=bias is not None, ACTIVATION=activation,
-        FAST_TANH=not TRITON_INTERPRET and x.dtype != torch.float32,
-        SPLIT_K=splits, COMBINE=combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=TRITON_INTERPRET and x.dtype == torch.bfloat16,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=w.stride(0) == 1 and k > 1, FENCE=not TRITON_INTERPRET,
-        USE_PDL=use_pdl,
-        num_warps=warps, num_stages=stages, **launch)
+        m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), **kwargs)
     return out

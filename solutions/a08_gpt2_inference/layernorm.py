@@ -27,7 +27,7 @@ import triton.language as tl
 
 from common import pdl_supported
 from common.checks import check_same, check_tensor
-from common.launch import cdiv, next_power_of_2
+from common.launch import cdiv, fast, next_power_of_2
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def warps_for(block: int) -> int:
 
 def _rows(t: torch.Tensor, c: int) -> torch.Tensor:
     """[..., C] -> [rows, C] as a view when the rows have one stride and columns are dense."""
-    t2 = t.reshape(-1, c)          # a view when the leading dims collapse, else a copy
+    t2 = t if t.dim() == 2 else t.reshape(-1, c)   # a view when the leading dims collapse, else a copy
     return t2 if t2.stride(1) == 1 else t2.contiguous()
 
 
@@ -113,15 +113,16 @@ def _launch(x, residual, weight, bias, eps, out, h_out, pdl=False):
     rows = x.numel() // c if c else 0
     if rows == 0:
         return h, y
-    x2, y2 = _rows(x, c), y.view(-1, c)
+    flat = x.dim() == 2                # [rows, C] already: no view objects to make (host time)
+    x2, y2 = _rows(x, c), (y if flat else y.view(-1, c))
     r2 = _rows(residual, c) if residual is not None else x2
-    h2 = h.view(-1, c) if h is not None else y2
+    h2 = (h if flat else h.view(-1, c)) if h is not None else y2
     warps = warps_for(block)
     use_pdl = bool(pdl) and pdl_supported(x.device)
-    _add_layernorm_kernel[(rows,)](x2, r2, h2, y2, weight, bias, x2.stride(0), r2.stride(0), h2.stride(0),
-                                   y2.stride(0), c, float(eps), HAS_RESIDUAL=residual is not None,
-                                   BLOCK_C=block, USE_PDL=use_pdl, num_warps=warps,
-                                   **(dict(launch_pdl=True) if use_pdl else {}))
+    fast(_add_layernorm_kernel)[(rows,)](x2, r2, h2, y2, weight, bias, x2.stride(0), r2.stride(0), h2.stride(0),
+                                         y2.stride(0), c, float(eps), HAS_RESIDUAL=residual is not None,
+                                         BLOCK_C=block, USE_PDL=use_pdl, num_warps=warps,
+                                         **(dict(launch_pdl=True) if use_pdl else {}))
     return h, y
 
 

@@ -63,7 +63,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
-from common.launch import cdiv, next_power_of_2
+from common.launch import cdiv, fast, next_power_of_2
 
 #: Logits per chunk program and candidates each chunk keeps (the interpreter: small, so that
 #: the tests' vocabularies of 8-200 tokens span several chunks and reach every path). KC 16, not 32:
@@ -677,13 +677,13 @@ def _choose(logits, params, seed, positions, out, greedy: bool, nucleus: bool = 
     ncp = next_power_of_2(nc)
     use_pdl = bool(pdl) and pdl_supported(dev)
     launch = dict(launch_pdl=True) if use_pdl else {}
-    _choose_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, cands, count, out, v, s_row, nc,
-                            GREEDY=greedy, CHUNK=CHUNK, SPREAD=SPREAD, KC=kc, NB=NB, RANGE=RANGE, NCP=ncp,
-                            MAX_ROUNDS=MAX_ROUNDS, NUCLEUS=nucleus, BLOCK_V=BLOCK_V, USE_PDL=use_pdl,
-                            num_warps=CHUNK_WARPS, **launch)
+    fast(_choose_kernel)[(b, nc)](logits, params, seed, positions, wsf, wsi, cand, cands, count, out, v, s_row, nc,
+                                  GREEDY=greedy, CHUNK=CHUNK, SPREAD=SPREAD, KC=kc, NB=NB, RANGE=RANGE, NCP=ncp,
+                                  MAX_ROUNDS=MAX_ROUNDS, NUCLEUS=nucleus, BLOCK_V=BLOCK_V, USE_PDL=use_pdl,
+                                  num_warps=CHUNK_WARPS, **launch)
     if nucleus:
         above = torch.empty(n * KA, dtype=torch.int64, device=dev)
-        _reject_kernel[(b, nc)](logits, params, seed, positions, wsf, wsi, above, count, out, v, s_row, nc,
-                                CHUNK=CHUNK, SPREAD=SPREAD, NCP=ncp, KA=KA, BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS,
-                                USE_PDL=use_pdl, num_warps=CHUNK_WARPS, **launch)
+        fast(_reject_kernel)[(b, nc)](logits, params, seed, positions, wsf, wsi, above, count, out, v, s_row, nc,
+                                      CHUNK=CHUNK, SPREAD=SPREAD, NCP=ncp, KA=KA, BLOCK_V=BLOCK_V, MAX_ROUNDS=MAX_ROUNDS,
+                                      USE_PDL=use_pdl, num_warps=CHUNK_WARPS, **launch)
     return out

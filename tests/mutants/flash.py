@@ -38,8 +38,11 @@ MUTANTS = [
     Mutant(S, T, "dkdv skips the band", [("    for start_m in range(lo, mid, BLOCK_M):", "    for start_m in range(mid, mid, BLOCK_M):")]),
     Mutant(S, T, "dq ignores D", [("        dp = tl.dot(do, tl.trans(v))\n        ds = p * (dp - delta[:, None])\n        dq = tl.dot(ds.to(k.dtype), k, dq)\n\n    for",
                                    "        dp = tl.dot(do, tl.trans(v))\n        ds = p * dp\n        dq = tl.dot(ds.to(k.dtype), k, dq)\n\n    for")]),
-    Mutant(S, T, "dO strides taken from q", [("    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, nq, nk, sm_scale)",
-                                              "    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *q4.stride(), H, nq, nk, sm_scale)")]),
+    Mutant(S, T, "dQ stored as if contiguous (its strides ignored)",
+           [("    out = z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :]",
+             "    out = zh.to(tl.int64) * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]")]),
+    Mutant(S, T, "dO strides taken from q", [("    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())",
+                                              "    ints = (*q4.stride(), *k4.stride(), *v4.stride(), *q4.stride())")]),
     # ---- 7c, Hopper CUDA forward (sm_90 GPU only)
     Mutant(S, H, "7c O not rescaled when the row max grows", [("o[i] *= alpha[(i / 2) % 2];", "o[i] *= 1.f;")],
            gpu=True, tests=H_TESTS),
