@@ -21,11 +21,12 @@ kernel (Triton's own floor), and three numbers are taken per call:
   kernels alone, with no host gap between them.
 
 The floor (issue #29): ``eager_us <= max(1.5 x the PyTorch op, 1.5 x a bare launch x kernels
-launched)``. The training cases time an autograd step (flash forward + backward against SDPA's)
-at GPT-2 training shapes, with the inputs laid out as GPT-2's attention makes them (views of
-one fused qkv tensor); floor: at least 0.8x SDPA. Speed claims are the GPU's; on a machine
-without one, ``--stub`` replaces every Triton launch by a no-op (under the interpreter) and
-times what is left, the wrapper's Python, beside the same PyTorch op run on the CPU.
+launched)``, the three measured side by side in rounds (:func:`interleaved_us`). The training
+cases time an autograd step (flash forward + backward against SDPA's) at GPT-2 training shapes,
+with the inputs laid out as GPT-2's attention makes them (views of one fused qkv tensor); floor:
+at least 0.8x SDPA. Speed claims are the GPU's; on a machine without one, ``--stub`` replaces
+every Triton launch by a no-op (under the interpreter) and times what is left, the wrapper's
+Python, beside the same PyTorch op run on the CPU.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ from .impl import Impl, add_impl_argument, command_line, results_dir
 #: launch per kernel it launches, whichever is larger; a training step at least 0.8x SDPA's speed.
 OP_FACTOR, LAUNCH_FACTOR, TRAINING_FLOOR = 1.5, 1.5, 0.8
 FIELDS = ["kind", "key", "stage", "case", "kernels", "course_us", "torch_us", "bare_us", "ratio", "floor_us", "met",
-          "course_host_us", "torch_host_us", "course_gpu_us", "torch_gpu_us", "clock"]
+          "course_host_us", "torch_host_us", "course_gpu_us", "torch_gpu_us", "clock", "course_1thread_us",
+          "torch_1thread_us"]
 
 
 # ----------------------------------------------------------------------------- the bare launch
@@ -75,6 +77,17 @@ def bare_launch(x: torch.Tensor) -> None:
 
 
 # ----------------------------------------------------------------------------- timing
+def interleaved_us(fns: list[Callable[[], object]], *, rounds: int = 5, calls: int = 50, runs: int = 5) -> list[float]:
+    """:func:`eager_us` of each of ``fns``, measured in turn ``rounds`` times, the median per function.
+    A host's speed drifts (its clock, other work on the machine) by tens of percent within a minute;
+    calls compared with each other are measured side by side, so a drift moves them together."""
+    per = [[] for _ in fns]
+    for _ in range(rounds):
+        for times, fn in zip(per, fns):
+            times.append(eager_us(fn, calls=calls, runs=runs))
+    return [statistics.median(t) for t in per]
+
+
 def eager_us(fn: Callable[[], object], *, calls: int = 50, runs: int = 15) -> float:
     """µs per call of ``fn()`` called back to back, synchronised before and after each batch of
     ``calls``; the median over ``runs`` batches (CPU: wall time, no GPU to wait for)."""
@@ -338,8 +351,7 @@ def run_cases(impl: Impl, keys: list[str] | None = None, *, stub: bool = False, 
     rows = []
     with stub_launches() if stub else contextlib.nullcontext():
         bx = torch.zeros(1, device=dev)
-        bare = eager_us(lambda: bare_launch(bx))
-        tbare = eager_us(lambda: bx.add_(0))
+        bare, tbare = interleaved_us([lambda: bare_launch(bx), lambda: bx.add_(0)])
         rows.append(_row("op", "-", "bare Triton launch (1-line kernel) vs x.add_(0)", 1, bare, tbare, bare,
                          float("nan"), "", *[float("nan")] * 4, clock, key="bare"))
         if not stub:
@@ -357,7 +369,8 @@ def run_cases(impl: Impl, keys: list[str] | None = None, *, stub: bool = False, 
                 for _ in range(3):          # compile, tune, build
                     course()
                     base()
-                c, t = eager_us(course), eager_us(base)
+                # the floor's bare launch is measured beside the case, in the same rounds
+                c, t, bare = interleaved_us([course, base, lambda: bare_launch(bx)])
                 hg = [float("nan")] * 4
                 if not stub:
                     (ch, cg), (th, tg) = host_and_gpu_us(course), host_and_gpu_us(base)
@@ -386,8 +399,12 @@ def run_training(impl: Impl, log=print) -> list[dict]:
             for _ in range(3):
                 ours()
                 sdpa()
-            c, t = eager_us(ours, calls=10, runs=9), eager_us(sdpa, calls=10, runs=9)
+            c, t = interleaved_us([ours, sdpa], calls=10, runs=3)
             (ch, cg), (th, tg) = host_and_gpu_us(ours, calls=10, runs=3), host_and_gpu_us(sdpa, calls=10, runs=3)
+            # The autograd engine runs a CUDA backward on its own device thread: with that off, the backward
+            # runs on the calling thread (what the host loses to the hand-off between threads, see markdown()).
+            with torch.autograd.set_multithreading_enabled(False):
+                c1, t1 = interleaved_us([ours, sdpa], calls=10, runs=3)
         except Exception as e:  # noqa: BLE001
             log(f"[hostcost] training {model} B={b} H={h} S={s}: FAILED {type(e).__name__}: {str(e)[:200]}")
             continue
@@ -398,9 +415,10 @@ def run_training(impl: Impl, log=print) -> list[dict]:
                                             f"d 64, causal, bf16", 4, c, t, float("nan"),
                          TRAINING_FLOOR if in_range else float("nan"), met, ch, th, cg, tg, "cuda",
                          key=f"training_{model}_B{b}_S{s}"))
-        rows[-1]["ratio"] = speed
+        rows[-1].update(ratio=speed, course_1thread_us=c1, torch_1thread_us=t1)
         log(f"[hostcost] training {model} B={b} H={h} S={s}: {c / 1e3:.3f} ms vs SDPA {t / 1e3:.3f} ms = {speed:.2f}x "
-            f"(GPU alone {tg / cg:.2f}x; host {ch:.0f} vs {th:.0f} us) {met}")
+            f"(GPU alone {tg / cg:.2f}x; host {ch:.0f} vs {th:.0f} us; engine on one thread {c1 / 1e3:.3f} vs "
+            f"{t1 / 1e3:.3f} ms = {t1 / c1:.2f}x) {met}")
     return rows
 
 
@@ -426,14 +444,21 @@ def markdown(rows: list[dict], command: str, device: str) -> str:
     if train:
         out += ["", "## Training step: flash attention forward + backward vs SDPA (eager, autograd)", "",
                 "Speed = SDPA's time / flash's (≥ 0.8x at B·H 96-384). GPU alone: the same steps' kernels run back to "
-                "back; host: issuing one step.", "",
-                "| case | flash ms | SDPA ms | speed | met | GPU alone: flash / SDPA ms (speed) | host µs: flash / SDPA |",
-                "|---|---|---|---|---|---|---|"]
+                "back; host: issuing one step. Engine on one thread: the same eager steps under "
+                "`torch.autograd.set_multithreading_enabled(False)`. By default the autograd engine runs a CUDA "
+                "backward on its own device thread: the hand-off to it and back costs host time in every step, "
+                "and a backward written in Python (flash's) runs on a core that was idle.", "",
+                "| case | flash ms | SDPA ms | speed | met | GPU alone: flash / SDPA ms (speed) | host µs: flash / SDPA "
+                "| engine on one thread: flash / SDPA ms (speed) |",
+                "|---|---|---|---|---|---|---|---|"]
         for r in train:
             out.append(f"| {r['case']} | {r['course_us'] / 1e3:.3f} | {r['torch_us'] / 1e3:.3f} | {r['ratio']:.2f}x | "
                        f"{r['met'] or '-'} | {r['course_gpu_us'] / 1e3:.3f} / {r['torch_gpu_us'] / 1e3:.3f} "
                        f"({r['torch_gpu_us'] / r['course_gpu_us']:.2f}x) | {r['course_host_us']:.0f} / "
-                       f"{r['torch_host_us']:.0f} |")
+                       f"{r['torch_host_us']:.0f} | " + (
+                           f"{r['course_1thread_us'] / 1e3:.3f} / {r['torch_1thread_us'] / 1e3:.3f} "
+                           f"({r['torch_1thread_us'] / r['course_1thread_us']:.2f}x) |"
+                           if r.get("course_1thread_us") else "- |"))
     return "\n".join(out) + "\n"
 
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue #29 on the H100, in one call (about 7 minutes): the host cost of every course op, BEFORE and AFTER the
+# Issue #29 on the H100, in one call (about 8 minutes): the host cost of every course op, BEFORE and AFTER the
 # wrappers' cuts, in the same session; the registration experiment; the GPU tests of the stages touched.
 #
 # Prepare the "before" tree once, here (an ignored folder: the solutions as they were before the cuts):
-#   rm -rf .hostcost_before && mkdir .hostcost_before && git archive d437e9e solutions | tar -x -C .hostcost_before
+#   rm -rf .hostcost_before && mkdir .hostcost_before && git archive 98146cf solutions | tar -x -C .hostcost_before
 # then on the GPU machine (carry .hostcost_before), from the repository root:
 #   OUT=$OUT bash lectures/_tools/gpu/hostcost_run.sh
-# Writes under $OUT: before/ and after/ (hostcost.md/.csv), compare.txt, registration.txt, test logs.
-# Commit after/hostcost.md and .csv as lectures/results/hostcost.*, then: python lectures/_tools/results_table.py --write
+# Writes under $OUT: before1/, after1/, before2/, after2/ (hostcost.md/.csv), compare1.txt, compare2.txt,
+# registration.txt, test logs. Commit after2/hostcost.md and .csv as lectures/results/hostcost.*, then:
+# python lectures/_tools/results_table.py --write
 set -u
 OUT=${OUT:-/tmp/hostcost_out}; mkdir -p "$OUT"
 BEFORE=${BEFORE:-.hostcost_before/solutions}
@@ -27,15 +28,18 @@ for tree in solutions "$BEFORE"; do
 done; wait
 echo "[hostcost] a04 builds: $(( $(date +%s) - t0 )) s"
 
-# 2. The bench: before, after (the kernels' sources are the same, so the second run compiles nothing new).
-for side in before after; do
+# 2. The bench: before, after, before, after (a host's speed drifts within minutes: two rounds alternating; the
+#    kernels' sources are the same, so the later runs compile nothing new). Commit after2 (decided beforehand).
+for round in 1 2; do for side in before after; do
   tree=$([ "$side" = before ] && echo "$BEFORE" || echo solutions)
   t0=$(date +%s)
-  timeout 150 $PY -m common.hostcost --impl "$tree" --out "$OUT/$side" > "$OUT/$side.log" 2>&1
-  echo "[hostcost] $side rc=$? in $(( $(date +%s) - t0 )) s"
+  timeout 150 $PY -m common.hostcost --impl "$tree" --out "$OUT/$side$round" > "$OUT/$side$round.log" 2>&1
+  echo "[hostcost] $side$round rc=$? in $(( $(date +%s) - t0 )) s"
+done; done
+for round in 1 2; do
+  $PY -m common.hostcost --compare "$OUT/before$round/hostcost.csv" "$OUT/after$round/hostcost.csv" > "$OUT/compare$round.txt" 2>&1
+  echo "[hostcost] compare$round rc=$? (1: a GPU time got worse)"; cat "$OUT/compare$round.txt"
 done
-$PY -m common.hostcost --compare "$OUT/before/hostcost.csv" "$OUT/after/hostcost.csv" > "$OUT/compare.txt" 2>&1
-echo "[hostcost] compare rc=$? (1: a GPU time got worse)"; cat "$OUT/compare.txt"
 timeout 90 $PY lectures/_tools/hostcost_registration.py > "$OUT/registration.txt" 2>&1
 echo "[hostcost] registration rc=$?"; cat "$OUT/registration.txt"
 
@@ -48,4 +52,4 @@ t0=$(date +%s)
 timeout "$(left 30)" $PY -m pytest tests/test_a06_matmul.py --impl solutions -q -rfE -k "not cuda" > "$OUT/pytest_a06.log" 2>&1
 echo "[hostcost] tests a06 (Triton) rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/pytest_a06.log")"
 grep -hE "^(FAILED|ERROR)" "$OUT"/pytest_*.log | head -20
-echo "=== after"; sed -n '/^| stage/,$p' "$OUT/after/hostcost.md"
+echo "=== after2"; sed -n '/^| stage/,$p' "$OUT/after2/hostcost.md"
