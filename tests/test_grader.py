@@ -141,8 +141,8 @@ def test_weight_copied_per_call_is_caught_by_the_trials(tmp_path):
 def test_calling_the_torch_op_is_caught(tmp_path):
     """A bias 'kernel' that is really torch arithmetic passes the values but not the grader."""
     sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [(
-        "    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n    if out.numel():\n"
-        "        _launch(y.reshape(-1, N), b.contiguous(), out.view(-1, N))\n    return out", "    return y + b")]})
+        "    _check(y, b)\n    N = y.shape[-1]\n    out = torch.empty(",
+        "    _check(y, b)\n    return y + b\n    N = y.shape[-1]\n    out = torch.empty(")]})
     report, _, table = _grade(sub, tmp_path, "a03", "--no-tests")
     (st,) = report["stages"]
     assert st["score"] == 0 and any("aten.add" in v for v in st["violations"]), table
