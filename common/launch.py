@@ -54,9 +54,9 @@ class Launcher:
     argument's specialisation (dtype, 16-byte alignment, integers equal to 1 or divisible by 16,
     constexpr values) and the options (``num_warps``, ...). Here that specialisation, with the
     device and the options, is the key of a dict of compiled kernels; a hit goes straight to the
-    compiled kernel's launcher (``CompiledKernel.run``). A miss, the interpreter, a launch hook (a
-    profiler such as proton) or an autotuner goes through ``kernel[grid]`` as usual, so a call
-    never launches a kernel compiled for other arguments.
+    compiled kernel's launcher (``CompiledKernel.run``, or the native function behind it). A miss,
+    the interpreter, a launch hook (a profiler such as proton) or an autotuner goes through
+    ``kernel[grid]`` as usual, so a call never launches a kernel compiled for other arguments.
     """
 
     __slots__ = ("kernel", "_cache", "_device", "_binder")
@@ -78,19 +78,24 @@ class Launcher:
         bound, spec, options = self._binder(*args, **kwargs)
         key = (device, tuple(spec), tuple(options.items()), _RT.debug, _COMPILATION.instrumentation_mode)
         try:
-            ck = self._cache.get(key)
+            hit = self._cache.get(key)
         except TypeError:                      # an unhashable constexpr: Triton's own path
             return self.kernel[grid](*args, **kwargs)
-        if ck is None:                         # a new key: compile (or find) it the usual way
+        if hit is None:                        # a new key: compile (or find) it the usual way
             ck = self.kernel[grid](*args, **kwargs)
             if ck is not None and not hasattr(ck, "result"):
-                self._cache[key] = ck
+                self._cache[key] = (ck, _direct(ck))
             return ck
+        ck, direct = hit
         if callable(grid):
             grid = grid(bound)
         n = len(grid)
-        ck.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(device),
-               ck.function, ck.packed_metadata, None, None, None, *bound.values())
+        if direct is None:
+            ck.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(device),
+                   ck.function, ck.packed_metadata, None, None, None, *bound.values())
+        else:                                  # the launcher's native call (no scratch to allocate)
+            direct[0](grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(device), ck.function,
+                      direct[1], direct[2], None, None, ck.packed_metadata, None, None, None, *bound.values())
         return ck
 
     def _first(self, grid, args: tuple, kwargs: dict):
@@ -113,6 +118,17 @@ def fast(kernel) -> Launcher:
     except AttributeError:
         launcher = kernel._course_launcher = Launcher(kernel)
         return launcher
+
+
+def _direct(ck):
+    """(native launch function, cooperative grid, PDL) of a compiled kernel whose launcher allocates no
+    scratch memory (Triton 3.6's CudaLauncher: its ``__call__`` then only forwards to the native
+    function), else None: such a kernel is launched through ``ck.run``."""
+    r = ck.run
+    if getattr(r, "global_scratch_size", 1) == 0 and getattr(r, "profile_scratch_size", 1) == 0 \
+            and callable(getattr(r, "launch", None)):
+        return r.launch, r.launch_cooperative_grid, r.launch_pdl
+    return None
 
 
 def _hooked() -> bool:
