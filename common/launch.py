@@ -56,7 +56,9 @@ class Launcher:
     device and the options, is the key of a dict of compiled kernels; a hit goes straight to the
     compiled kernel's launcher (``CompiledKernel.run``, or the native function behind it). A miss,
     the interpreter, a launch hook (a profiler such as proton) or an autotuner goes through
-    ``kernel[grid]`` as usual, so a call never launches a kernel compiled for other arguments.
+    ``kernel[grid]`` as usual, so a call never launches a kernel compiled for other arguments. It
+    relies on Triton's internals: with a release other than :data:`FAST_TRITON` every launch takes
+    ``kernel[grid]``.
     """
 
     __slots__ = ("kernel", "_cache", "_device", "_binder")
@@ -99,13 +101,14 @@ class Launcher:
         return ck
 
     def _first(self, grid, args: tuple, kwargs: dict):
-        """A launch through ``kernel[grid]``; on a GPU, the device's binder is kept for the fast path."""
+        """A launch through ``kernel[grid]``; on a GPU, the device's binder is kept for the fast path
+        (with the Triton release this was written against only: see FAST_TRITON)."""
         out = self.kernel[grid](*args, **kwargs)
         caches = getattr(self.kernel, "device_caches", None)   # a JITFunction's (not the interpreter's)
-        if caches and torch.cuda.is_available():
-            device = torch._C._cuda_getDevice()
-            if device in caches:
-                self._device, self._binder = device, caches[device][4]
+        if _FAST and caches and torch.cuda.is_available():
+            entry = caches.get(torch._C._cuda_getDevice())
+            if isinstance(entry, tuple) and len(entry) == 5 and callable(entry[4]):
+                self._device, self._binder = torch._C._cuda_getDevice(), entry[4]
         return out
 
 
@@ -139,9 +142,18 @@ def _hooked() -> bool:
         return _RT.launch_enter_hook is not None or _RT.launch_exit_hook is not None
 
 
+#: The Triton release whose launcher internals :class:`Launcher` relies on (the binder's results, the
+#: device cache's layout, ``CompiledKernel.run``'s arguments, the CUDA launcher's attributes): tested
+#: on the H100 with 3.6. Under any other release every launch goes through ``kernel[grid]``, correct
+#: and as slow as Triton's own launcher.
+FAST_TRITON = (3, 6)
+
 try:
+    import triton as _triton
     from triton import knobs as _knobs
     _RT, _COMPILATION = _knobs.runtime, _knobs.compilation
-except ImportError:  # pragma: no cover - triton is a course requirement
+    _FAST = tuple(int(p) for p in _triton.__version__.split(".")[:2]) == FAST_TRITON
+except (ImportError, ValueError):  # no Triton (it installs on Linux only), an older one, or an odd version string
     _RT = _COMPILATION = None
+    _FAST = False
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
