@@ -315,8 +315,6 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
         raise ValueError(f"config: SPLIT_K={splits}; expected >= 1")
     per = cdiv(cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
     n_blocks = cdiv(n, bn)
-    if splits > 1 and n_blocks > COUNTERS:
-        raise ValueError(f"gemv: {n_blocks} column blocks split K; at most {COUNTERS} (use a wider BLOCK_N)")
     use_pdl = bool(pdl) and pdl_supported(device)
     kwargs = dict(HAS_BIAS=has_bias, ACTIVATION=activation, FAST_TANH=not TRITON_INTERPRET and dtype != torch.float32,
                   SPLIT_K=splits, COMBINE=combine_chunk(splits, bm, bn, warps), USE_DOT=dot,
