@@ -480,11 +480,17 @@ def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
         for pdl in (False, True):
             if pdl and ((m, kmajor) != (1, True) or only is not None):
                 continue
+            # the engine's epilogues: c_attn / c_fc with the LayerNorm folded in (K = n_embd; c_attn also
+            # writes the KV cache), the projections with the residual added (K = 4·n_embd or n_embd)
+            fold, res = k == 1600, k != 1600
             yield Launch("a08", "_matvec_kernel",
                          f"{dt} M={m} {k}->{n} {'K' if kmajor else 'N'}-major {(bn, bk, splits, warps, stages)}"
-                         f"{' PDL' if pdl else ''}", gv._matvec_kernel,
-                         (t, t, t, t, f, _dt("int32"), m, n, k, per, k, 1, *sw, n),
-                         dict(HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=tdt.itemsize == 2, SPLIT_K=splits,
+                         f"{' LN fold' if fold else ' residual'}{' PDL' if pdl else ''}", gv._matvec_kernel,
+                         (t, t, f, t, f, _dt("int32"), t, f, m, n, k, per, k, 1, *sw, n, n, 1e-5,
+                          t, t, _dt("int32"), 25 * 1024 * 64, 1024 * 64, 64, 1024, 64),   # XL's cache [B, 25, 1024, 64]
+                         dict(KV_WRITE=n == 3 * k, HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=tdt.itemsize == 2,
+                              HAS_RESIDUAL=res, LN_FOLD=fold, PRELOAD=gv.preload(k, bm, warps),
+                              ONE_TILE=gv.stat_k(k, bm, warps) >= k, STAT_K=gv.stat_k(k, bm, warps), SPLIT_K=splits,
                               COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False,
                               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=kmajor, FENCE=True, USE_PDL=pdl,
                               num_warps=warps, num_stages=stages),

@@ -330,6 +330,64 @@ def test_gemv_epilogues_views_and_default_config(gv, dtype, epilogue, seed):
                      name=f"gemv, x {tuple(x.shape)} strides {x.stride()}, W strides {w.stride()}, {epilogue}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
+def test_gemv_layernorm_fold_and_residual(gv, dtype, m, split, seed):
+    """The decode step's fused epilogues: act(LayerNorm(x) @ W + b) + residual, the LayerNorm folded into W
+    and b by fold_layernorm (the kernel computes each row's statistics), against float64 LayerNorm and
+    matmul. x has a mean far from 0 (a row statistic taken over a split, or without the mean, is off);
+    K = 91, N = 133, both layouts (by M), split 3 ways or not; also the update in place (out=residual)."""
+    k, n = 91, 133
+    x = randn(m, k, dtype=dtype, scale=3.0) + 2.0
+    w = _gemv_weight(k, n, dtype, "kn" if m != 3 else "nk.t")
+    g, beta, b, r = randn(k, dtype=dtype) + 1.0, randn(k, dtype=dtype), randn(n, dtype=dtype), randn(m, n, dtype=dtype)
+    w_f, b_f, colsum = gv.fold_layernorm(g, beta, w, b)
+    assert w_f.stride() == w.stride() and b_f.dtype == colsum.dtype == torch.float32, \
+        "fold_layernorm: w_f keeps w's layout; bias_f and colsum are fp32"
+    cfg = GEMV_SPLIT if split else GEMV_NO_SPLIT
+    y_ln = reference.layer_norm(*(t.to("cpu", torch.float64) for t in (x, g, beta)), 1e-5)
+    want = _gemv_ref(y_ln, w, b, "gelu_tanh") + r.to("cpu", torch.float64)
+    scale = _gemv_scale(y_ln, w, b) + r.to("cpu", torch.float64).abs()
+    got = assert_is_kernel(lambda: gv.gemv(x, w_f, b_f, "gelu_tanh", residual=r, ln_colsum=colsum, eps=1e-5,
+                                           config=cfg), GEMV_KERNEL, "gemv with the LayerNorm folded in")
+    assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
+                 name=f"gemv {m}x{k}: GELU(LayerNorm(x) @ W + b) + residual, config {cfg}")
+    r2 = r.clone()
+    same = gv.gemv(x, w_f, b_f, "gelu_tanh", residual=r2, ln_colsum=colsum, eps=1e-5, out=r2, config=cfg)
+    assert same is r2, "gemv must return the out tensor it was given"
+    assert_close(same, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
+                 name=f"gemv {m}x{k}, residual updated in place (out=residual)")
+    with pytest.raises(ValueError, match="residual"):
+        gv.gemv(x, w, residual=randn(m, n + 1, dtype=dtype))
+    with pytest.raises(ValueError, match="ln_colsum"):
+        gv.gemv(x, w_f, ln_colsum=colsum[:-1])
+
+
+@pytest.mark.parametrize("m", [2, 5])
+def test_gemv_writes_the_kv_cache(gv, kv, m, seed):
+    """c_attn's GEMV with the cache write in its epilogue (kv_cache=...): y as without it, and K and V in the
+    cache exactly as write_kv puts them (the same bits), at each row's own position (one of them past the
+    cache's end: nothing written), nothing else of the cache touched. Head size 24 (not a power of 2);
+    M = 2 (FMAs) and 5 (tl.dot)."""
+    h, d, s_max = 3, 24, 8
+    c = h * d
+    x, w, b = randn(m, 40), _gemv_weight(40, 3 * c, torch.float32, "kn"), randn(3 * c)
+    start = torch.tensor([(3 * i + 1) % s_max for i in range(m - 1)] + [s_max], dtype=torch.int32, device=DEVICE)
+    kc, vc = _nan((m, h, s_max, d), torch.float32), _nan((m, h, s_max, d), torch.float32)
+    kw, vw = kc.clone(), vc.clone()
+    y = assert_is_kernel(lambda: gv.gemv(x, w, b, kv_cache=(kc, vc, start)), GEMV_KERNEL, "gemv with the KV write")
+    assert_close(y, _gemv_ref(x, w, b, None), dtype=torch.float32, rel_tol=2 * REL_TOL[torch.float32],
+                 scale=_gemv_scale(x, w, b), name="gemv with kv_cache: its output")
+    kv.write_kv(y.view(m, 1, 3 * c), kw, vw, start)
+    for name, got, want in (("K", kc, kw), ("V", vc, vw)):
+        assert torch.equal(got.nan_to_num(7.0).cpu(), want.nan_to_num(7.0).cpu()), (
+            f"gemv's cache write: {name} differs from write_kv's on the same output (each row at its position "
+            f"start[b], columns C + h·d + j of k and 2C + h·d + j of v; nothing at or past S_max, nothing else)")
+    with pytest.raises(ValueError, match="kv_cache"):
+        gv.gemv(x, randn(40, 3 * c + 3), kv_cache=(kc, vc, start))
+
+
 def test_gemv_long_k_as_accurate_as_torch(gv, seed):
     """K = 4096 in bf16, split-K: the fp32 accumulator and the fp32 partial sums stay as accurate as
     torch.matmul on the same inputs (a partial sum rounded to bf16 is not)."""

@@ -25,19 +25,23 @@ Inference has two phases, and they want different kernels:
 
 The engine is built only from the course's kernels, each loaded from the SAME tree
 as this file (your a06 matmul and a07 flash attention when you work in assignments/).
-Every GEMM goes through :meth:`GPT2Engine.linear`: the a06 matmul for prefill (B·T rows),
-the a08 GEMV for a decode step (B <= 16 rows: a weight read, see gemv.py):
+Every GEMM goes through :meth:`GPT2Engine.linear` (or :meth:`GPT2Engine.ln_linear`, a LayerNorm and
+the GEMM after it): the a06 matmul for prefill (B·T rows), the a08 GEMV for a decode step (B <= 16
+rows: a weight read, see gemv.py):
 
-  per block   h, y = add_layernorm(attn_out, h, ln_1 / ln_2)        a08 kernel 1 (residual fused)
-              qkv  = linear(y, W_attn, b_attn)                       prefill: a06 Triton matmul, bias epilogue
-                                                                     decode:  a08 kernel 4, gemv, on W's K-major copy
-              write_kv(qkv -> cache)                                 a08 kernel 3
-              prefill: flash attention forward, causal               a07 kernel 1
-              decode:  decode_attention(q, cache, lengths)           a08 kernel 2
-              a    = linear(attn, W_proj, b_proj)
-              m    = linear(y, W_fc, b_fc, activation="gelu_tanh")   GELU in the epilogue (a06 or gemv)
-              m    = linear(m, W_fc_proj, b_fc_proj)
-  LM head     logits = linear(ln_f(h), wteᵀ)                         tied weights, no copy (B rows: gemv)
+  prefill, per block                                     decode, per block (B rows)
+  h, y = add_layernorm(attn_out, h, ln_1)  kernel 1      qkv = ln_linear(h, ln_1, W_attn, kv_cache=...)  gemv, the
+  qkv  = linear(y, W_attn, b_attn)         a06 matmul          LayerNorm folded in (gemv.fold_layernorm) and K, V
+  write_kv(qkv -> cache)                   kernel 3            written to the cache at lengths in its epilogue
+  flash attention forward, causal          a07 kernel 1  decode_attention(q, cache, lengths + 1)  kernel 2
+  a    = linear(attn, W_proj, b_proj)                    h = linear(attn, W_proj, residual=h)  residual in the epilogue
+  h, y = add_layernorm(a, h, ln_2)                       m = ln_linear(h, ln_2, W_fc, "gelu_tanh")
+  m    = linear(y, W_fc, b_fc, "gelu_tanh") GELU epilogue
+  m    = linear(m, W_fc_proj, b_fc_proj)                 h = linear(m, W_fc_proj, residual=h)
+  LM head  logits = linear(ln_f(h), wteᵀ)  tied weights, no copy (B rows: gemv, after the LayerNorm kernel)
+
+A decode block is 6 kernels (the prefill's order, unfused, would be 9): at batch 1 a decode step is
+launch- and ramp-bound, and each kernel removed is a few microseconds of idle bandwidth (lecture 8, §7).
 
 The decode GEMV reads each block weight from a K-MAJOR copy made once at load (stage 2's lesson
 again: transpose once, not per call): GPT-2 stores W [in, out] with out contiguous, and a GEMV of
@@ -45,7 +49,10 @@ one row streams W fastest when each output's K weights are one contiguous run of
 choose_config). The copy doubles the block weights' memory (GPT-2 XL in bf16: +2.9 GB); prefill's
 a06 matmul keeps the stored layout, where its tiles run fastest.
 ``GPT2Engine(..., decode_gemv=False)`` sends the few-row GEMMs to the a06 matmul too, with no copy
-(the engine before the GEMV, for before/after measurements). ``pdl`` (default: on where the GPU supports it,
+and nothing folded: the LayerNorm kernel before it and a PyTorch add after it where the GEMV fuses
+them (the engine before the GEMV, for before/after measurements); ``fuse_epilogues=False`` keeps the GEMV but
+runs each LayerNorm as its own kernel before it and write_kv after c_attn (9 kernels a block instead
+of 6, for before/after). ``pdl`` (default: on where the GPU supports it,
 sm_90+, unless the environment sets ``COURSE_PDL=0``) launches the decode step's a08 kernels with
 programmatic dependent launch, so each one's launch overlaps the tail of the one before
 (gemv.PDL_NOTES); under the CPU interpreter it is always off.
@@ -66,18 +73,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 from einops import rearrange
 
 from common import DEVICE, TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES
+from common.launch import fast, next_power_of_2
 
 from ..a06_matmul.matmul_triton import matmul
 from ..a07_flash_attention.flash_triton import attention_forward
 from .decode_attention import MAX_HEAD_DIM, decode_attention
 from .gemv import MAX_ROWS as GEMV_ROWS
-from .gemv import gemv
+from .gemv import fold_layernorm, fold_pays, gemv
 from .kv_cache import KVCache, write_kv
-from .layernorm import add_layernorm
+from .layernorm import add_layernorm, layernorm
 from .sampling import WIDE_TOP_K, SamplingParams, argmax, sample
 
 
@@ -92,6 +102,26 @@ def resolve_pdl(pdl: bool | None, device: torch.device) -> bool:
     the CPU interpreter: common.pdl_supported)."""
     want = (os.environ.get("COURSE_PDL", "1") != "0") if pdl is None else bool(pdl)
     return want and pdl_supported(device)
+
+
+@triton.jit
+def _embed_kernel(TOKENS, LENGTHS, WTE, WPE, H, NEW_LENGTHS, C, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+    """Given. Program b: H[b] = WTE[TOKENS[b]] + WPE[LENGTHS[b]] (fp32, rounded once: what the residual stream
+    holds), and NEW_LENGTHS[b] = LENGTHS[b] + 1. The decode step's first kernel: PyTorch's two gathers, its
+    add and its ``lengths + 1`` were four kernels (GPT-2 small on the H100: ~10 us a step, outside the PDL
+    chain). The ids were checked on the host before the step ran (GPT2Engine._check_token_range)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    b = tl.program_id(0)
+    tok = tl.load(TOKENS + b).to(tl.int64)
+    pos = tl.load(LENGTHS + b)
+    cols = tl.arange(0, BLOCK_C)
+    ok = cols < C
+    h = tl.load(WTE + tok * C + cols, mask=ok, other=0.0).to(tl.float32)
+    h += tl.load(WPE + pos.to(tl.int64) * C + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(H + b.to(tl.int64) * C + cols, h.to(H.dtype.element_ty), mask=ok)
+    tl.store(NEW_LENGTHS + b, pos + 1)
 
 
 @dataclass
@@ -122,7 +152,7 @@ class GPT2Engine:
 
     def __init__(self, layers: list[Layer], wte: torch.Tensor, wpe: torch.Tensor, ln_f_w: torch.Tensor,
                  ln_f_b: torch.Tensor, *, n_head: int, eps: float, max_batch: int, max_seq_len: int,
-                 decode_gemv: bool = True, pdl: bool | None = None):
+                 decode_gemv: bool = True, pdl: bool | None = None, fuse_epilogues: bool = True):
         self.layers, self.wte, self.wpe, self.ln_f_w, self.ln_f_b = layers, wte, wpe, ln_f_w, ln_f_b
         self.n_layer, self.n_head, self.eps = len(layers), n_head, eps
         self.vocab_size, self.n_embd = wte.shape
@@ -139,13 +169,12 @@ class GPT2Engine:
         self._tf32 = False
         #: GEMMs of at most GEMV_ROWS rows (a decode step) run on the a08 GEMV; False: on the a06 matmul
         self.decode_gemv = decode_gemv
-        #: the GEMV's K-major copy of each block weight, by the id of the stored [K, N] weight: the
-        #: copy's .t() is contiguous, so the copy is a [K, N] view with K-stride 1 (module docstring)
+        #: decode path: fold each LayerNorm into the GEMV after it and write K, V in c_attn's GEMV epilogue
+        #: (:meth:`ln_linear`); False: LayerNorm and write_kv kernels (3 more kernels a block, for before/after)
+        self.fuse_epilogues = fuse_epilogues
         self._k_major: dict[int, torch.Tensor] = {}
-        if decode_gemv:
-            for layer in layers:
-                for w in (layer.attn_w, layer.proj_w, layer.fc_w, layer.fc_proj_w):
-                    self._k_major[id(w)] = w.t().contiguous().t()
+        self._folded: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.prepare_decode_weights()
         #: programmatic dependent launch for the decode step's a08 kernels (gemv.PDL_NOTES)
         self.pdl = resolve_pdl(pdl, self.device)
         # generation state the captured steps read (device buffers: a replay picks up new values)
@@ -159,13 +188,13 @@ class GPT2Engine:
     @classmethod
     def from_hf(cls, model, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
                 max_batch: int = 1, max_seq_len: int | None = None, decode_gemv: bool = True,
-                pdl: bool | None = None) -> GPT2Engine:
+                pdl: bool | None = None, fuse_epilogues: bool = True) -> GPT2Engine:
         """Take the weights of a transformers ``GPT2LMHeadModel`` (any size, random or pretrained).
 
         dtype: fp32/fp16/bf16 (default: the model's); device: default the kernel device
         (``common.DEVICE``); max_batch, max_seq_len: the KV cache's size (max_seq_len
         defaults to the model's n_positions). The weights are copied; the model is untouched.
-        decode_gemv, pdl: see the module docstring.
+        decode_gemv, pdl, fuse_epilogues: see the module docstring.
         """
         cfg = model.config
         problems = []
@@ -197,18 +226,89 @@ class GPT2Engine:
                   for b in tr.h]
         return cls(layers, w(tr.wte.weight), w(tr.wpe.weight), w(tr.ln_f.weight), w(tr.ln_f.bias),
                    n_head=cfg.n_head, eps=cfg.layer_norm_epsilon, max_batch=max_batch,
-                   max_seq_len=max_seq_len or cfg.n_positions, decode_gemv=decode_gemv, pdl=pdl)
+                   max_seq_len=max_seq_len or cfg.n_positions, decode_gemv=decode_gemv, pdl=pdl,
+                   fuse_epilogues=fuse_epilogues)
 
     # ------------------------------------------------------------------ building blocks (given)
+    def prepare_decode_weights(self) -> None:
+        """The decode GEMV's copies of the block weights, made once (again after decode_gemv or fuse_epilogues
+        changes): ``_k_major``, a K-MAJOR copy of a weight by the id of the stored [K, N] weight (the
+        copy's .t() is contiguous, so the copy is a [K, N] view with K-stride 1: module docstring);
+        ``_folded``, for c_attn and c_fc with fuse_epilogues in 16 bits where the fold pays (gemv.fold_pays:
+        n_embd <= 1024, GPT-2 small and medium), that copy with the LayerNorm before it folded in
+        (gemv.fold_layernorm: (w_f, bias_f, colsum)); the plain copy too when a batch may have more than 2
+        rows (the fold does not pay there). Nothing without decode_gemv."""
+        self._k_major.clear()
+        self._folded.clear()
+        if not self.decode_gemv:
+            return
+        # see ln_linear: 16 bits, and rows short enough for the GEMV to take their statistics cheaply
+        fold = self.fuse_epilogues and self.dtype != torch.float32 and fold_pays(1, self.n_embd)
+        for layer in self.layers:
+            for w in (layer.proj_w, layer.fc_proj_w, layer.attn_w, layer.fc_w):
+                if not fold or self.max_batch > 2 or w is layer.proj_w or w is layer.fc_proj_w:
+                    self._k_major[id(w)] = w.t().contiguous().t()
+            if fold:
+                for g, be, w, bias in ((layer.ln_1_w, layer.ln_1_b, layer.attn_w, layer.attn_b),
+                                       (layer.ln_2_w, layer.ln_2_b, layer.fc_w, layer.fc_b)):
+                    self._folded[id(w)] = fold_layernorm(g, be, w.t().contiguous().t(), bias)
+
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-               activation: str | None = None) -> torch.Tensor:
-        """act(x @ w + b): the a08 GEMV for at most GEMV_ROWS rows (a decode step's B tokens, a
-        batch's last-token LM head), the a06 Triton matmul otherwise (IEEE fp32 dots for fp32,
-        see __init__). The choice depends on the shape only, so a captured step never changes."""
+               activation: str | None = None, *, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """act(x @ w + b) (+ residual): the a08 GEMV for at most GEMV_ROWS rows (a decode step's B
+        tokens, a batch's last-token LM head), with the residual added in its epilogue; the a06
+        Triton matmul otherwise (IEEE fp32 dots for fp32, see __init__), and the residual added
+        after it. The choice depends on the shape only, so a captured step never changes."""
+        if self._gemv_rows(x):
+            return gemv(x, self._k_major.get(id(w), w), b, activation, residual=residual, pdl=self.pdl)
+        y = matmul(x, w, b, activation, allow_tf32=self._tf32, config=_INTERPRETER_TILES)
+        return y if residual is None else y + residual
+
+    def ln_linear(self, h: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w: torch.Tensor,
+                  b: torch.Tensor | None = None, activation: str | None = None, *,
+                  kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """act(LayerNorm(h) @ w + b), the LayerNorm (ln_w, ln_b, self.eps) before c_attn or c_fc.
+        ``kv_cache`` = (k_cache, v_cache, start), for c_attn of one token per sequence: also append the
+        output's k and v to the caches at position start[b] (write_kv's work).
+
+        On the GEMV path (decode) with fuse_epilogues: ONE kernel in 16 bits where it pays (gemv.fold_pays:
+        1-2 rows of n_embd <= 1024), the GEMV with the LayerNorm folded in (gemv.fold_layernorm: γ and β in
+        the weight and bias, made at load; the row statistics in the GEMV's epilogue) and the cache write
+        in its epilogue; else the LayerNorm kernel, then that GEMV. Not in fp32: the fold reassociates the
+        LayerNorm's arithmetic, far below a 16-bit rounding, but in fp32, where the engine gives
+        transformers' tokens, it can flip a near tie. Without the GEMV: the a08 LayerNorm kernel,
+        :meth:`linear`, and write_kv."""
+        on_gemv = self._gemv_rows(h)
+        folded = self._folded.get(id(w)) if on_gemv and fold_pays(h.numel() // h.shape[-1], h.shape[-1]) else None
+        fused_kv = kv_cache if on_gemv and self.fuse_epilogues else None
+        if folded is not None:
+            w_f, b_f, colsum = folded
+            y = gemv(h, w_f, b_f, activation, ln_colsum=colsum, eps=self.eps, kv_cache=fused_kv, pdl=self.pdl)
+        elif on_gemv:
+            y = gemv(layernorm(h, ln_w, ln_b, self.eps, pdl=self.pdl), self._k_major.get(id(w), w), b, activation,
+                     kv_cache=fused_kv, pdl=self.pdl)
+        else:
+            y = self.linear(layernorm(h, ln_w, ln_b, self.eps, pdl=self.pdl), w, b, activation)
+        if kv_cache is not None and fused_kv is None:
+            write_kv(y.view(y.shape[0], 1, y.shape[-1]), *kv_cache, pdl=self.pdl)
+        return y
+
+    def embed(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hid, new_lengths) for one token per sequence: hid [B, C] = wte[tokens] + wpe[lengths] (the residual
+        stream), new_lengths = lengths + 1 (int32 [B]); one kernel (_embed_kernel). tokens: int64 [B] on the
+        device (in range: checked where they come from), lengths: int32 [B]."""
+        b = tokens.shape[0]
+        hid = torch.empty((b, self.n_embd), dtype=self.dtype, device=self.device)
+        new_lengths = torch.empty_like(lengths)
+        if b:
+            fast(_embed_kernel)[(b,)](tokens, lengths, self.wte, self.wpe, hid, new_lengths, self.n_embd,
+                                      BLOCK_C=next_power_of_2(self.n_embd), USE_PDL=self.pdl,
+                                      num_warps=4, **(dict(launch_pdl=True) if self.pdl else {}))
+        return hid, new_lengths
+
+    def _gemv_rows(self, x: torch.Tensor) -> bool:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if self.decode_gemv and 0 < rows <= GEMV_ROWS:
-            return gemv(x, self._k_major.get(id(w), w), b, activation, pdl=self.pdl)
-        return matmul(x, w, b, activation, allow_tf32=self._tf32, config=_INTERPRETER_TILES)
+        return self.decode_gemv and 0 < rows <= GEMV_ROWS
 
     def lm_head(self, y: torch.Tensor) -> torch.Tensor:
         """Logits [..., vocab] = y @ wteᵀ (the tied token embedding, read as a transposed view)."""
@@ -332,15 +432,20 @@ class GPT2Engine:
         on values (it is captured in a CUDA graph): read the lengths from the device tensor,
         never with .item() or .tolist(). Uses the same kernels as prefill, with B rows.
         """
-        # TODO(a08): the decode step. Follow prefill() above, with ONE token per sequence:
+        # TODO(a08): the decode step. Follow prefill() above, with ONE token per sequence, and with the
+        #   decode path's fused building blocks (given, above): ln_linear() and linear(..., residual=).
         #   lengths = self.cache.lengths[:B] (device, int32): the new token's position;
-        #   embeddings: self.wte[tokens] and self.wpe[lengths] -> add_layernorm with ln_1 of block 0;
-        #   per block: qkv = self.linear(...) [B, 3C]; write_kv(qkv.view(B, 1, 3C), ..., start=lengths);
-        #   q = qkv[:, :C].view(B, H, d); decode_attention(q, cache K, cache V, lengths + 1);
-        #   c_proj, add_layernorm(ln_2), MLP (GELU in the matmul epilogue), add_layernorm(next LN);
-        #   logits = self.lm_head(y); then advance self.cache.lengths in place (on the device).
-        #   Every GEMM through self.linear (B rows: it runs your gemv). Speed only, on sm_90+: pass
-        #   pdl=self.pdl to add_layernorm, write_kv and decode_attention (programmatic dependent launch).
+        #   hid, new_lengths = self.embed(tokens, lengths): the residual stream [B, C] = wte[tokens] + wpe[lengths],
+        #   and lengths + 1 (the keys each sequence attends to, the new token's included);
+        #   per block: qkv = self.ln_linear(hid, ln_1 weight and bias, c_attn weight and bias,
+        #   kv_cache=(this layer's cache K [B, H, S_max, d], cache V, lengths)) [B, 3C] (it also appends the
+        #   new K and V to the cache at position lengths[b], as write_kv would); q = qkv[:, :C].view(B, H, d);
+        #   decode_attention(q, cache K, cache V, new_lengths); hid = self.linear(attention output [B, C],
+        #   c_proj, residual=hid); m = self.ln_linear(hid, ln_2, c_fc, "gelu_tanh"); hid = self.linear(m,
+        #   the MLP's c_proj, residual=hid); after the last block: logits = self.lm_head(layernorm(hid, ln_f));
+        #   then advance self.cache.lengths in place (on the device: copy new_lengths in).
+        #   Every GEMM through ln_linear/linear (B rows: they run your gemv). Speed only, on sm_90+: pass
+        #   pdl=self.pdl to decode_attention and layernorm (programmatic dependent launch).
         raise NotImplementedError("a08: write GPT2Engine.decode_step")
 
     # ------------------------------------------------------------------ generation (given)

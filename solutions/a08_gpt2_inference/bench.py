@@ -327,7 +327,9 @@ def write(rows, out: Path, gbps_copy: float, impl: Impl, cmd: str):
 
 # =============================================================================== decode at the memory wall
 #: The three ways a decode step can run its GEMMs, for before/after in one run (engine attributes).
-PATHS = {"a06 matmul": dict(decode_gemv=False, pdl=False), "gemv": dict(decode_gemv=True, pdl=False),
+PATHS = {"a06 matmul": dict(decode_gemv=False, pdl=False),
+         "gemv": dict(decode_gemv=True, pdl=False),
+         "gemv + PDL, unfused": dict(decode_gemv=True, pdl=True, fuse_epilogues=False),
          "gemv + PDL": dict(decode_gemv=True, pdl=True)}
 #: --step's cases when --models/--batches/--prompts are not given: the issue's floors (batch 1, prompt
 #: 100, every size; XL at batch 16 and prompt 500).
@@ -604,11 +606,13 @@ def engine_for(eng_mod, name: str, batch: int, ctx: int, hf=None):
     return engine
 
 
-def use_path(eng_mod, engine, decode_gemv: bool, pdl: bool) -> None:
-    """Switch the engine's decode path (PATHS) and drop its captured graphs."""
-    engine.decode_gemv = decode_gemv
-    engine.pdl = eng_mod.resolve_pdl(pdl, engine.device)
+def use_path(eng_mod, engine, decode_gemv: bool, pdl: bool, fuse_epilogues: bool = True) -> None:
+    """Switch the engine's decode path (PATHS), remake its decode weights, and drop its captured graphs."""
     engine._graphs.clear()
+    engine.decode_gemv, engine.fuse_epilogues = decode_gemv, fuse_epilogues
+    engine.pdl = eng_mod.resolve_pdl(pdl, engine.device)
+    engine.prepare_decode_weights()
+    torch.cuda.empty_cache()
 
 
 def ready_for_decode(engine, b: int, ctx: int) -> None:
@@ -710,8 +714,12 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
              f"bf16, random weights; one decode step replayed from its CUDA graph, {STEPS} replays between two "
              f"CUDA events per run, median of {runs} runs (each listed). Bytes: every weight once + the KV cache "
              f"at the run's mean context (prompt + 1 + {STEPS // 2}). `of copy`: those bytes / time, over the copy "
-             "bandwidth. Paths: the a06 matmul for the decode GEMMs (the engine before the gemv); the a08 gemv; "
-             "the gemv with programmatic dependent launch on every a08 kernel of the step. `logits`: one eager "
+             "bandwidth. Paths: the a06 matmul for the decode GEMMs (the engine before the gemv; LayerNorm "
+             "and residual adds as their own kernels); the a08 gemv with the fused epilogues (every LayerNorm but "
+             "the last folded into the GEMV after it, the KV-cache write in c_attn's GEMV, the residual adds in "
+             "the projections': 6 kernels a block); the same with programmatic dependent launch on every a08 "
+             "kernel of the step, without the fusions (`unfused`: LayerNorm and write_kv as kernels of their "
+             "own, 9 a block, the step before them) and with them. `logits`: one eager "
              "step's logits against the a06 path's on the same cache (relative error; bf16 paths round "
              "differently, a wrong kernel is off by ~1).", "",
              "| model | batch | prompt | path | ms/step | runs | MB/step | GB/s | of copy | floor | logits |",
@@ -734,7 +742,8 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
 #: Kernel name (substring) -> kind, for the profile. GEMMs are told apart by their order in the step.
 KINDS = (("_matvec_kernel", "gemm"), ("matmul_kernel", "gemm"), ("_decode_split", "attention split"),
          ("_decode_combine", "attention combine"), ("_add_layernorm", "residual + LayerNorm"),
-         ("_write_kv", "KV-cache write"), ("index", "embedding gather"), ("reduce_kernel", "argmax"),
+         ("_write_kv", "KV-cache write"), ("index", "embedding gather"), ("_embed_kernel", "embedding gather"),
+         ("reduce_kernel", "argmax"),
          ("_choose_kernel", "argmax"))
 GEMMS = ("qkv", "proj", "fc", "fc_proj")
 

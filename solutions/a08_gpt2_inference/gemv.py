@@ -115,17 +115,121 @@ def _last_to_arrive(COUNT, SPLIT_K: tl.constexpr, FENCE: tl.constexpr):
     return last
 
 
+@triton.jit
+def _row_stats(X, M, K, stride_xm, stride_xk, eps, BLOCK_M: tl.constexpr, STAT_K: tl.constexpr):
+    """Given. LayerNorm statistics of X's rows [BLOCK_M] (rows >= M: 0 and 1): the mean and 1/sqrt(var + eps)
+    with the biased variance (divide by K, as torch.nn.LayerNorm), in fp32, in two passes over the row
+    (STAT_K columns a load; the row was just read by the main loop, so these are cache hits)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, STAT_K)
+    m_ok = offs_m < M
+    rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, STAT_K):
+        ok = m_ok[:, None] & (k0 + offs_k < K)[None, :]
+        x = tl.load(rows + (k0 + offs_k)[None, :] * stride_xk, mask=ok, other=0.0)
+        total += tl.sum(x.to(tl.float32), axis=1)
+    mean = total / K
+    sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, STAT_K):
+        ok = m_ok[:, None] & (k0 + offs_k < K)[None, :]
+        x = tl.load(rows + (k0 + offs_k)[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        d = tl.where(ok, x - mean[:, None], 0.0)
+        sq += tl.sum(d * d, axis=1)
+    return mean, 1.0 / tl.sqrt(sq / K + eps)
+
+
+@triton.jit
+def _row_tile(X, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, STAT_K: tl.constexpr):
+    """Given. X's rows [BLOCK_M, STAT_K] in one load (STAT_K >= K; masked to 0 past M and K), loaded before
+    the main loop and reduced after it (_tile_stats), so the load's latency hides behind the weight stream."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, STAT_K)
+    ok = (offs_m < M)[:, None] & (offs_k < K)[None, :]
+    return tl.load(X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :] * stride_xk, mask=ok, other=0.0)
+
+
+@triton.jit
+def _tile_stats(xrow, K, eps, STAT_K: tl.constexpr):
+    """Given. (mean, rstd) [BLOCK_M] of a _row_tile: two passes over registers, biased variance."""
+    x = xrow.to(tl.float32)
+    mean = tl.sum(x, axis=1) / K
+    d = tl.where((tl.arange(0, STAT_K) < K)[None, :], x - mean[:, None], 0.0)
+    return mean, 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
+
+
+@triton.jit
+def _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, stride_rm, stride_ym, eps,
+              KC, VC, START, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_WRITE: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ACTIVATION: tl.constexpr, FAST_TANH: tl.constexpr,
+              HAS_RESIDUAL: tl.constexpr, LN_FOLD: tl.constexpr, PRELOAD: tl.constexpr, ONE_TILE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAT_K: tl.constexpr):
+    """Given. Column block pid_n's output from acc = X @ W[:, cols] (fp32 [BLOCK_M, BLOCK_N], all splits summed):
+
+        LN_FOLD:       acc = rstd_m · (acc − mean_m · COLSUM[n])   (X's row statistics: of ``xrow``, the rows
+                       loaded before the main loop, with PRELOAD; else loaded now, in one tile (ONE_TILE:
+                       K <= STAT_K) or in STAT_K slices (_row_stats))
+        HAS_BIAS:      acc += BIAS[n]
+        ACTIVATION:    acc = gelu_tanh(acc)
+        HAS_RESIDUAL:  acc = round(acc) + R[m, n]   (round: to Y's dtype, what h + proj(a) adds unfused)
+        Y[m, n] = acc, cast to Y's dtype once;
+        KV_WRITE:      Y is c_attn's [q | k | v] (C = N / 3 columns each, heads of HEAD_DIM inside): the k and v
+                       columns of row m also go to the KV cache KC / VC [B, H, S_MAX, HEAD_DIM] (strides s_cb,
+                       s_ch, s_cn, last dim contiguous) at position START[m], what write_kv would copy (the same
+                       bits) without its own kernel; nothing at or past S_MAX.
+
+    The LayerNorm fold (see fold_layernorm): with W = diag(γ)·W₀, COLSUM = Σ_k W[k, :] and BIAS = β·W₀ + b₀,
+    rstd·(x·W − mean·COLSUM) + BIAS = ((x − mean)·rstd·γ + β)·W₀ + b₀ = LayerNorm(x)·W₀ + b₀: the LayerNorm
+    kernel before the GEMV is gone, and only the statistics (two numbers a row) are computed here."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    mask = (offs_m < M)[:, None] & n_ok[None, :]
+    if LN_FOLD:
+        if PRELOAD:
+            mean, rstd = _tile_stats(xrow, K, eps, STAT_K)
+        elif ONE_TILE:
+            mean, rstd = _tile_stats(_row_tile(X, M, K, stride_xm, stride_xk, BLOCK_M, STAT_K), K, eps, STAT_K)
+        else:
+            mean, rstd = _row_stats(X, M, K, stride_xm, stride_xk, eps, BLOCK_M, STAT_K)
+        colsum = tl.load(COLSUM + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        acc = (acc - mean[:, None] * colsum[None, :]) * rstd[:, None]
+    if HAS_BIAS:
+        acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION == "gelu_tanh":
+        acc = _gelu_tanh(acc, FAST_TANH)
+    if HAS_RESIDUAL:   # rounded to Y's dtype first, as the unfused model stores the sub-layer's output
+        r = tl.load(R + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc = acc.to(Y.dtype.element_ty).to(tl.float32) + r
+    y = acc.to(Y.dtype.element_ty)
+    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
+    if KV_WRITE:
+        c = N // 3
+        part = offs_n // c                                   # 0: q, 1: k, 2: v
+        j = offs_n - part * c
+        pos = tl.load(START + offs_m, mask=offs_m < M, other=0)
+        ok = mask & (pos < S_MAX)[:, None]
+        dst = (offs_m[:, None].to(tl.int64) * s_cb + (j // HEAD_DIM)[None, :].to(tl.int64) * s_ch
+               + pos[:, None].to(tl.int64) * s_cn + (j % HEAD_DIM)[None, :])
+        tl.store(KC + dst, y, mask=ok & (part == 1)[None, :])
+        tl.store(VC + dst, y, mask=ok & (part == 2)[None, :])
+
+
 # Not named "*gemv*": the profiler's kernel names are checked for vendor kernels (cuBLAS's gemv,
 # common.kernel_check.BLAS_KERNELS), and a Triton kernel is named after its function.
 @triton.jit
-def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
-                 M, N, K, K_PER_SPLIT, stride_xm, stride_xk, stride_wk, stride_wn, stride_ym,
-                 HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, FAST_TANH: tl.constexpr,
+def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
+                 M, N, K, K_PER_SPLIT, stride_xm, stride_xk, stride_wk, stride_wn, stride_ym, stride_rm, eps,
+                 KC, VC, START, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_WRITE: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ACTIVATION: tl.constexpr, FAST_TANH: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, LN_FOLD: tl.constexpr, PRELOAD: tl.constexpr, ONE_TILE: tl.constexpr,
+                 STAT_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, COMBINE: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_K_CONTIG: tl.constexpr,
                  FENCE: tl.constexpr, USE_PDL: tl.constexpr):
-    """Program (pid_n, split): Y[:M, cols] = act(X[:M, :] @ W[:, cols] + BIAS[cols]) for the
-    BLOCK_N columns cols of block pid_n, the rows k of W in [split·K_PER_SPLIT, +K_PER_SPLIT)
+    """Program (pid_n, split): Y[:M, cols] = act(X[:M, :] @ W[:, cols] + BIAS[cols]) (+ R[:M, cols]) for
+    the BLOCK_N columns cols of block pid_n (LN_FOLD: X's rows layer-normalised first, see _epilogue),
+    the rows k of W in [split·K_PER_SPLIT, +K_PER_SPLIT)
     (K_PER_SPLIT a multiple of BLOCK_K; the last split may be shorter, or empty). X [M, K] and
     W [K, N] with any strides (elements); Y [M, N] with row stride stride_ym, columns contiguous;
     BIAS [N] contiguous (if HAS_BIAS). SPLIT_K > 1: PART is an fp32 [SPLIT_K, M, N] workspace
@@ -133,10 +237,15 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
     the partial sums the combining program loads at once. BLOCK_M >= M. W_K_CONTIG: W's K dim has
     stride 1 (the LM head's wteᵀ).
     USE_DOT: BLOCK_M = 16 and tl.dot; else an FMA accumulator [BLOCK_M, BLOCK_K, BLOCK_N].
-    DOT_FP32: cast the tl.dot operands to fp32 (the interpreter's bf16 tl.dot is wrong)."""
+    DOT_FP32: cast the tl.dot operands to fp32 (the interpreter's bf16 tl.dot is wrong).
+    Your part computes ``acc``, this program's X @ W[:, cols] in fp32, and ``finish``: whether this
+    program writes the column block's output; the given :func:`_epilogue` then adds the rest."""
     if USE_PDL:   # given: programmatic dependent launch (PDL_NOTES): wait for the previous kernel, then
         tl.extra.cuda.gdc_wait()                   # let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
+    xrow = 0.0    # given: the LayerNorm fold's rows of x, loaded now and reduced in _epilogue (PRELOAD)
+    if LN_FOLD and PRELOAD:
+        xrow = _row_tile(X, M, K, stride_xm, stride_xk, BLOCK_M, STAT_K)
     # TODO(a08): kernel 4 (the decode GEMV). Program (pid_n, split) = (tl.program_id(0), tl.program_id(1)).
     #   offs_m = tl.arange(0, BLOCK_M) (rows < M are real), offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     #   (< N), offs_k = tl.arange(0, BLOCK_K). This split's rows of W: k_lo = split * K_PER_SPLIT up to
@@ -157,14 +266,16 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
     #                  inside the loop; after the loop acc = tl.sum(acc3, axis=1) (one reduction, not one per
     #                  slice). Keep the loop-carried state small: scalar base pointers advanced by BLOCK_K
     #                  rows, offsets computed once.
-    #   3. SPLIT_K == 1: y = acc (+ bias[n] if HAS_BIAS), _gelu_tanh(y, FAST_TANH) if ACTIVATION ==
-    #      "gelu_tanh", store y.to(Y's dtype) at Y + m * stride_ym + n (mask m < M, n < N).
-    #      SPLIT_K > 1: store acc (fp32, no bias) to PART + (split * M + m) * N + n; then
-    #      if _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE): add up PART[s, m, n] over every split s in a FIXED
-    #      order: COMBINE splits at a time (a [COMBINE, BLOCK_M, BLOCK_N] load, masked at s < SPLIT_K, with
-    #      cache_modifier=".cg": from L2, never a stale L1 line; tl.sum over axis 0), chunk after chunk; then
-    #      bias, GELU and the store of step 3. Bias once, after the sum, never per split.
-    # STUB: pass
+    #   3. SPLIT_K == 1: acc is the block's result: finish = True.
+    #      SPLIT_K > 1: store acc (fp32) to PART + (split * M + m) * N + n (mask m < M, n < N); then
+    #      finish = _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE), and if finish: acc = the sum of PART[s, m, n]
+    #      over every split s in a FIXED order: COMBINE splits at a time (a [COMBINE, BLOCK_M, BLOCK_N] load,
+    #      masked at s < SPLIT_K, with cache_modifier=".cg": from L2, never a stale L1 line; tl.sum over
+    #      axis 0), chunk after chunk.
+    #   The given code after your part does the rest in the program that finishes (bias once, after the sum;
+    #   the LayerNorm fold; GELU; the residual; the cast and the store): see _epilogue.
+    # STUB: acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # STUB: finish = True
     # SOLUTION
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -210,11 +321,13 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
             x_base += BLOCK_K * stride_xk
         acc = tl.sum(acc3, axis=1)
 
-    mask = m_ok[:, None] & n_ok[None, :]
+    finish = True
     if SPLIT_K > 1:
+        mask = m_ok[:, None] & n_ok[None, :]
         part = PART + (split * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
         tl.store(part, acc, mask=mask)
-        if _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE):
+        finish = _last_to_arrive(COUNT + pid_n, SPLIT_K, FENCE)
+        if finish:
             # COMBINE partial sums loaded at once (their loads in flight together), chunk after chunk:
             # a fixed order of additions, so the same bits on every run
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -225,18 +338,11 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT,
                 parts = tl.load(p, mask=(s < SPLIT_K)[:, None, None] & mask[None, :, :], other=0.0,
                                 cache_modifier=".cg")
                 acc += tl.sum(parts, axis=0)
-            if HAS_BIAS:
-                acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if ACTIVATION == "gelu_tanh":
-                acc = _gelu_tanh(acc, FAST_TANH)
-            tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if ACTIVATION == "gelu_tanh":
-            acc = _gelu_tanh(acc, FAST_TANH)
-        tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
     # END TODO(a08)
+    if finish:   # given: the program that holds the block's full sums adds the rest and stores
+        _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, stride_rm, stride_ym, eps,
+                  KC, VC, START, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_WRITE, HAS_BIAS, ACTIVATION, FAST_TANH,
+                  HAS_RESIDUAL, LN_FOLD, PRELOAD, ONE_TILE, BLOCK_M, BLOCK_N, STAT_K)
 
 
 # ==================================================================== launch (given)
@@ -372,7 +478,8 @@ _PLANS: dict[tuple, tuple] = {}
 
 
 def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: torch.device, activation: str | None,
-          has_bias: bool, config, pdl: bool) -> tuple:
+          has_bias: bool, config, pdl: bool, residual: bool = False, ln_fold: bool = False,
+          kv_write: bool = False) -> tuple:
     """(grid, rows of W per split, launch kwargs) for one gemv key; raises on a bad ``config``."""
     if config is None:
         config = choose_config(m, n, k, dtype, k_contig, sm_count(device))
@@ -388,7 +495,10 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
     per = cdiv(cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
     n_blocks = cdiv(n, bn)
     use_pdl = bool(pdl) and pdl_supported(device)
-    kwargs = dict(HAS_BIAS=has_bias, ACTIVATION=activation, FAST_TANH=not TRITON_INTERPRET and dtype != torch.float32,
+    kwargs = dict(KV_WRITE=kv_write, HAS_BIAS=has_bias, ACTIVATION=activation,
+                  FAST_TANH=not TRITON_INTERPRET and dtype != torch.float32,
+                  HAS_RESIDUAL=residual, LN_FOLD=ln_fold, PRELOAD=preload(k, bm, warps),
+                  ONE_TILE=stat_k(k, bm, warps) >= k, STAT_K=stat_k(k, bm, warps),
                   SPLIT_K=splits, COMBINE=combine_chunk(splits, bm, bn, warps), USE_DOT=dot,
                   DOT_FP32=TRITON_INTERPRET and dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   W_K_CONTIG=k_contig, FENCE=not TRITON_INTERPRET, USE_PDL=use_pdl, num_warps=warps,
@@ -396,17 +506,105 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
     return (n_blocks, splits), per, kwargs
 
 
+def stat_k(k: int, bm: int, warps: int) -> int:
+    """Columns of the BLOCK_M rows the LayerNorm statistics load at once (_row_tile, _row_stats): at most 4
+    values a thread on the FMA path (BLOCK_M <= 2), whose many small programs must keep to 32 registers
+    (sm_90: at 8 values a thread GPT-2 XL's c_fc took 38, 6 programs an SM instead of 8, and its 800
+    programs no longer fit one wave: 13.5 us instead of 9.3 on the H100); 16 on the tl.dot path."""
+    return max(16, min(next_power_of_2(max(k, 1)), (128 if bm <= 2 else 512) * warps // bm))
+
+
+def preload(k: int, bm: int, warps: int) -> bool:
+    """Load x's rows for the LayerNorm statistics before the main loop, their latency hidden behind the weight
+    stream, where one load of :func:`stat_k` columns holds them (K <= STAT_K)."""
+    return stat_k(k, bm, warps) >= k
+
+
+#: The LayerNorm fold pays where the GEMV's epilogue gets the row statistics cheaply: a few rows (the FMA
+#: path) of at most this many columns, loaded before the main loop (:func:`preload`). Measured on the H100
+#: (lectures/results/a08_decode_profile.md): GPT-2 small (K = 768) at batch 1, folded: 0.282 ms a step against
+#: 0.309 with LayerNorm kernels; XL (K = 1600, statistics after the loop) 2.14 against 2.07: each folded GEMV
+#: took 2.3 us more, where the LayerNorm kernel it replaced cost 2.4 us and, with PDL, overlapped its neighbours.
+FOLD_MAX_K = 1024
+
+
+def fold_pays(m: int, k: int) -> bool:
+    """Whether ``gemv(..., ln_colsum=...)`` of M rows and K columns beats a LayerNorm kernel before the GEMV."""
+    return m <= 2 and k <= FOLD_MAX_K
+
+
+def fold_layernorm(ln_weight: torch.Tensor, ln_bias: torch.Tensor, w: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold a LayerNorm's affine part into the weight that follows it, once, at load time:
+
+        w_f, bias_f, colsum = fold_layernorm(ln.weight, ln.bias, w, b)
+        gemv(h, w_f, bias_f, act, ln_colsum=colsum, eps=ln.eps)  ==  act(LayerNorm(h) @ w + b)
+
+    LayerNorm(h)·w + b = ((h − mean)·rstd·γ + β)·w + b = rstd·(h·w_f − mean·colsum) + bias_f with
+    w_f = diag(γ)·w (w's dtype and memory layout), colsum = Σ_k w_f[k, :] (fp32, summed from the ROUNDED
+    w_f, so that mean·colsum cancels exactly what h·w_f adds) and bias_f = β·w + b (fp32). The kernel then
+    reads h itself, not a normalised copy: the LayerNorm kernel and its launch are gone, and the GEMV
+    computes each row's mean and rstd in its epilogue (_row_stats). Computed in float64.
+    """
+    k, n = w.shape
+    if ln_weight.shape != (k,) or ln_bias.shape != (k,):
+        raise ValueError(f"fold_layernorm: the LayerNorm's weight and bias must be [{k}] (w's K), got "
+                         f"{tuple(ln_weight.shape)} and {tuple(ln_bias.shape)}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"fold_layernorm: bias must be [{n}] (w's N), got {tuple(bias.shape)}")
+    w64 = w.double()
+    dense = w.is_contiguous() or w.t().is_contiguous()
+    w_f = torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device=w.device) if dense else torch.empty_like(
+        w, memory_format=torch.contiguous_format)
+    w_f.copy_(ln_weight.double()[:, None] * w64)
+    colsum = w_f.double().sum(0).float()
+    bias_f = ln_bias.double() @ w64
+    if bias is not None:
+        bias_f += bias.double()
+    return w_f, bias_f.float(), colsum
+
+
+def _check_kv(x2: torch.Tensor, n: int, kc: torch.Tensor, vc: torch.Tensor, start: torch.Tensor) -> None:
+    check_tensor(kc, "k_cache", dtypes=(x2.dtype,), ndim=4)
+    check_tensor(vc, "v_cache", dtypes=(x2.dtype,), ndim=4)
+    check_tensor(start, "start", dtypes=(torch.int32,), ndim=1)
+    check_same(x2, kc, "x, k_cache")
+    check_same(x2, start, "x, start", dtype=False)
+    b, h, _, d = kc.shape
+    if vc.shape != kc.shape or vc.stride() != kc.stride():
+        raise ValueError(f"v_cache: expected k_cache's shape and strides {tuple(kc.shape)} {kc.stride()}, "
+                         f"got {tuple(vc.shape)} {vc.stride()}")
+    if n != 3 * h * d or b != x2.shape[0] or start.shape[0] != b:
+        raise ValueError(f"kv_cache: expected c_attn's output [B, 3·H·d] with the cache's B={b}, H={h}, d={d} and "
+                         f"start [B]; got {x2.shape[0]} rows of {n} columns and start {tuple(start.shape)}")
+    if kc.stride(-1) != 1 and d > 1:
+        raise ValueError(f"k_cache: expected a contiguous last dim, got strides {kc.stride()}")
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
-         out: torch.Tensor | None = None, config: tuple[int, int, int, int, int] | None = None,
+         residual: torch.Tensor | None = None, ln_colsum: torch.Tensor | None = None, eps: float = 1e-5,
+         kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, out: torch.Tensor | None = None, config: tuple[int, int, int, int, int] | None = None,
          pdl: bool = False) -> torch.Tensor:
-    """``act(x @ w + bias)`` for a few rows of x: the decode step's GEMMs, in one Triton kernel.
+    """``act(x @ w + bias) + residual`` for a few rows of x: the decode step's GEMMs, in one Triton kernel.
 
     x: [..., K] with at most MAX_ROWS (16) rows in all (leading dims flattened; a 2-D x may have any
     strides); w: [K, N], any strides (GPT-2's Conv1D weight [in, out], or the LM head's ``wte.t()``);
-    bias: [N] contiguous, or None; all one dtype (fp32/fp16/bf16) on the kernel device. activation:
-    None or "gelu_tanh" (GPT-2's tanh GELU; on a GPU in 16 bits the hardware tanh, as a06's epilogue).
-    Accumulates in fp32 (fp32 inputs: IEEE fp32, no TF32). Returns a new contiguous [..., N] tensor of
-    x's dtype, or writes ``out`` (contiguous, that shape and dtype) and returns it.
+    bias: [N] contiguous, or None; x and w one dtype (fp32/fp16/bf16) on the kernel device, bias
+    that dtype or fp32. activation: None or "gelu_tanh" (GPT-2's tanh GELU; on a GPU in 16 bits the
+    hardware tanh, as a06's epilogue). Accumulates in fp32 (fp32 inputs: IEEE fp32, no TF32). Returns
+    a new contiguous [..., N] tensor of x's dtype, or writes ``out`` (contiguous, that shape and dtype;
+    it may be ``residual`` itself: an update in place) and returns it.
+
+    Fused into the epilogue, for a decode step with fewer kernels (lecture 8, §7):
+    ``residual``: [..., N] like the output (x's dtype, rows of one stride, columns contiguous), added
+    after the activation (GPT-2's ``h + proj(a)``), to the product rounded to x's dtype (the unfused
+    model's rounding). ``ln_colsum``: x's rows are layer-normalised
+    (statistics in fp32, biased variance, ``eps``) before the product, with the LayerNorm's γ and β
+    folded into w and bias by :func:`fold_layernorm`, which gives this fp32 [N] vector.
+    ``kv_cache`` = (k_cache, v_cache, start): the output is c_attn's [q | k | v] (N = 3·H·d) of one new
+    token per sequence, and its k and v columns also go to the caches [B, H, S_max, d] (x's dtype, last
+    dim contiguous, B = x's rows) at position start[b] (int32 [B], device): kv_cache.write_kv's work
+    (the same bits) without its launch.
 
     ``config`` = (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) overrides :func:`choose_config`; a
     6th element True/False forces the tl.dot / FMA path (default: tl.dot above 4 rows, :func:`use_dot`).
@@ -423,19 +621,28 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     k, n = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"x, w: inner dimensions differ: x {tuple(x.shape)} @ w {tuple(w.shape)}")
-    if bias is not None:
-        check_tensor(bias, "bias", ndim=1)
-        check_same(x, bias, "x, bias")
-        if bias.shape[0] != n:
-            raise ValueError(f"bias: expected shape ({n},) to match w's N, got {tuple(bias.shape)}")
-        if bias.stride(0) != 1 and n > 1:
-            raise ValueError(f"bias: expected a contiguous vector, got stride {bias.stride(0)}")
+    for name, v in (("bias", bias), ("ln_colsum", ln_colsum)):
+        if v is None:
+            continue
+        check_tensor(v, name, ndim=1)
+        check_same(x, v, f"x, {name}", dtype=False)
+        if v.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"{name}: expected dtype {x.dtype} (x's) or torch.float32, got {v.dtype}")
+        if v.shape[0] != n:
+            raise ValueError(f"{name}: expected shape ({n},) to match w's N, got {tuple(v.shape)}")
+        if v.stride(0) != 1 and n > 1:
+            raise ValueError(f"{name}: expected a contiguous vector, got stride {v.stride(0)}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     m = x2.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"x: {m} rows; gemv takes at most {MAX_ROWS} (a decode step's batch). "
                          "More rows are a GEMM: use the a06 matmul")
     out_shape = (*x.shape[:-1], n)
+    if residual is not None:
+        check_tensor(residual, "residual")
+        check_same(x, residual, "x, residual")
+        if tuple(residual.shape) != out_shape:
+            raise ValueError(f"residual: expected the output's shape {out_shape}, got {tuple(residual.shape)}")
     if out is None:
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
     else:
@@ -446,14 +653,28 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     if m == 0 or n == 0:
         return out
     y2 = out if out.dim() == 2 else out.view(m, n)
+    if residual is not None:
+        r2 = residual if residual.dim() == 2 else residual.reshape(m, n)
+        if r2.stride(1) != 1 and n > 1:
+            r2 = r2.contiguous()
+    else:
+        r2 = y2                                                    # unused
+    if kv_cache is not None:
+        kc, vc, start = kv_cache
+        _check_kv(x2, n, kc, vc, start)
+        kv_args = (kc, vc, start, kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[2], kc.shape[3])
+    else:
+        kv_args = (y2, y2, y2, 0, 0, 0, 0, 1)                     # unused
     k_contig = w.stride(0) == 1 and k > 1
     try:
-        key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl))
+        key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl),
+               residual is not None, ln_colsum is not None, kv_cache is not None)
         plan = _PLANS.get(key)
     except TypeError:                  # a config given as a list: no key, decided afresh
         key, plan = None, None
     if plan is None:
-        plan = _plan(m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, pdl)
+        plan = _plan(m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, pdl,
+                     residual is not None, ln_colsum is not None, kv_cache is not None)
         if key is not None:
             _PLANS[key] = plan
     grid, per, kwargs = plan
@@ -463,6 +684,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     else:
         part = count = y2                                          # unused
     fast(_matvec_kernel)[grid](
-        x2, w, bias if bias is not None else y2, y2, part, count,
-        m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), **kwargs)
+        x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
+        m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0), float(eps),
+        *kv_args, **kwargs)
     return out

@@ -10,8 +10,8 @@ LN, DEC, KV, ENG, GV = "layernorm.py", "decode_attention.py", "kv_cache.py", "en
 
 #: The decode step's attention call, the line most of the engine's mutants edit.
 ATTEND = "att = decode_attention(q, cache.k[i, :b], cache.v[i, :b], new_lengths, pdl=pdl)"
-WRITE = "write_kv(qkv.view(b, 1, 3 * c), cache.k[i, :b], cache.v[i, :b], lengths, pdl=pdl)"
-EMBED = "hid, y = add_layernorm(self.wte[tokens], self.wpe[lengths], self.layers[0].ln_1_w,"
+WRITE = "kv_cache=(cache.k[i, :b], cache.v[i, :b], lengths))"
+EMBED = "hid, new_lengths = self.embed(tokens, lengths)   # [B, C], the residual stream; keys to attend to (+ new one)"
 
 MUTANTS = [
     # ---- kernel 1, residual + LayerNorm: test_add_layernorm, test_layernorm_*
@@ -79,19 +79,20 @@ MUTANTS = [
     Mutant(S, GV, "every split runs to the end of K", [("k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)", "k_hi = K")]),
 
     # ---- the decode step: test_decode_logits, test_generate_matches_transformers
-    Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths, pdl", "new_lengths, pdl"))]),
+    Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths))", "new_lengths))"))]),
     Mutant(S, ENG, "decode attends without the newest key", [(ATTEND, ATTEND.replace("new_lengths, pdl", "lengths, pdl"))]),
     Mutant(S, ENG, "decode attends to the longest length in the batch",
            [(ATTEND, ATTEND.replace("new_lengths, pdl", "new_lengths.max().expand(b).contiguous(), pdl"))]),
-    Mutant(S, ENG, "position embedding not advanced", [(EMBED, EMBED.replace("self.wpe[lengths]", "self.wpe[lengths * 0]"))]),
+    Mutant(S, ENG, "position embedding not advanced",
+           [(EMBED, EMBED.replace("self.embed(tokens, lengths)", "self.embed(tokens, lengths * 0)") + "\n"
+             "        new_lengths = lengths + 1")]),
     Mutant(S, ENG, "position embedding at the prompt lengths",
-           [(EMBED, EMBED.replace("self.wpe[lengths]",
-                                  "self.wpe[torch.tensor(self.cache.host_lengths[:b], device=self.device)]"))]),
+           [(EMBED, EMBED.replace("self.embed(tokens, lengths)",
+                                  "self.embed(tokens, torch.tensor(self.cache.host_lengths[:b], dtype=torch.int32, "
+                                  "device=self.device))") + "\n        new_lengths = lengths + 1")]),
     Mutant(S, ENG, "cache lengths not advanced", [("        lengths.copy_(new_lengths)\n", "")]),
     Mutant(S, ENG, "query taken from the key columns", [("q = qkv[:, :c].view(b, h, d)", "q = qkv[:, c:2 * c].view(b, h, d)")]),
     Mutant(S, ENG, "final LayerNorm skipped",
-           [("            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps, pdl=pdl)\n"
-             "        lengths.copy_(new_lengths)",
-             "            hid, y = add_layernorm(m, hid, *self.next_ln(i), self.eps, pdl=pdl)\n"
-             "        y = hid\n        lengths.copy_(new_lengths)")]),
+           [("return self.lm_head(layernorm(hid, self.ln_f_w, self.ln_f_b, self.eps, pdl=pdl))",
+             "return self.lm_head(hid)")]),
 ]
