@@ -55,6 +55,7 @@ from common.checks import check_same, check_tensor
 from common.launch import cdiv, fast, next_power_of_2
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
+from .kv_cache import check_caches
 
 ACTIVATIONS = (None, "gelu_tanh")
 #: Rows a call may have: a decode step's batch. More rows are a GEMM: use the a06 matmul.
@@ -502,20 +503,11 @@ def fold_layernorm(ln_weight: torch.Tensor, ln_bias: torch.Tensor, w: torch.Tens
 
 
 def _check_kv(x2: torch.Tensor, n: int, kc: torch.Tensor, vc: torch.Tensor, start: torch.Tensor) -> None:
-    check_tensor(kc, "k_cache", dtypes=(x2.dtype,), ndim=4)
-    check_tensor(vc, "v_cache", dtypes=(x2.dtype,), ndim=4)
-    check_tensor(start, "start", dtypes=(torch.int32,), ndim=1)
-    check_same(x2, kc, "x, k_cache")
-    check_same(x2, start, "x, start", dtype=False)
+    check_caches(x2, kc, vc, start, "x")
     b, h, _, d = kc.shape
-    if vc.shape != kc.shape or vc.stride() != kc.stride():
-        raise ValueError(f"v_cache: expected k_cache's shape and strides {tuple(kc.shape)} {kc.stride()}, "
-                         f"got {tuple(vc.shape)} {vc.stride()}")
     if n != 3 * h * d or b != x2.shape[0] or start.shape[0] != b:
         raise ValueError(f"kv_cache: expected c_attn's output [B, 3·H·d] with the cache's B={b}, H={h}, d={d} and "
                          f"start [B]; got {x2.shape[0]} rows of {n} columns and start {tuple(start.shape)}")
-    if kc.stride(-1) != 1 and d > 1:
-        raise ValueError(f"k_cache: expected a contiguous last dim, got strides {kc.stride()}")
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,

@@ -54,6 +54,22 @@ def _write_kv_kernel(QKV, K_CACHE, V_CACHE, START, T, H, S_MAX, s_row, s_cb, s_c
 
 
 # ==================================================================== launch (given)
+def check_caches(like: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor,
+                 name: str) -> None:
+    """The checks on a cache write's destination, for write_kv and gemv(..., kv_cache=...): caches [B, H, S_max, d]
+    of ``like``'s dtype and device, one shape and strides, last dim contiguous; start int32 [.] on that device."""
+    check_tensor(k_cache, "k_cache", dtypes=(like.dtype,), ndim=4)
+    check_tensor(v_cache, "v_cache", dtypes=(like.dtype,), ndim=4)
+    check_tensor(start, "start", dtypes=(torch.int32,), ndim=1)
+    check_same(like, k_cache, f"{name}, k_cache")
+    check_same(like, start, f"{name}, start", dtype=False)
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
+        raise ValueError(f"v_cache: expected k_cache's shape and strides {tuple(k_cache.shape)} {k_cache.stride()}, "
+                         f"got {tuple(v_cache.shape)} {v_cache.stride()}")
+    if k_cache.stride(-1) != 1:
+        raise ValueError(f"the cache (strides {k_cache.stride()}) must have a contiguous last dim")
+
+
 def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor, *,
              pdl: bool = False) -> None:
     """Copy the k and v parts of ``qkv`` [B, T, 3C] into ``k_cache``/``v_cache`` [B, H, S_max, d]
@@ -61,22 +77,14 @@ def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, st
     (row stride free); caches one layer's view of :class:`KVCache`, same dtype as qkv.
     ``pdl=True``: programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES)."""
     check_tensor(qkv, "qkv", dtypes=FLOAT_DTYPES, ndim=3)
-    check_tensor(k_cache, "k_cache", dtypes=(qkv.dtype,), ndim=4)
-    check_tensor(v_cache, "v_cache", dtypes=(qkv.dtype,), ndim=4)
-    check_tensor(start, "start", dtypes=(torch.int32,), ndim=1)
-    check_same(qkv, k_cache, "qkv, k_cache")
-    check_same(qkv, start, "qkv, start", dtype=False)
+    check_caches(qkv, k_cache, v_cache, start, "qkv")
     b, t, three_c = qkv.shape
     cb, h, s_max, d = k_cache.shape
-    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
-        raise ValueError(f"v_cache: expected k_cache's shape and strides {tuple(k_cache.shape)} {k_cache.stride()}, "
-                         f"got {tuple(v_cache.shape)} {v_cache.stride()}")
     if three_c != 3 * h * d or cb != b or start.shape[0] != b:
         raise ValueError(f"qkv {tuple(qkv.shape)}, cache {tuple(k_cache.shape)}, start {tuple(start.shape)}: expected "
                          f"qkv [B, T, 3·H·d] with the cache's B={cb}, H={h}, d={d}, and start [B]")
-    if k_cache.stride(-1) != 1 or qkv.stride(-1) != 1 or qkv.stride(0) != t * qkv.stride(1):
-        raise ValueError(f"qkv (strides {qkv.stride()}) must have contiguous rows and the cache (strides "
-                         f"{k_cache.stride()}) a contiguous last dim")
+    if qkv.stride(-1) != 1 or qkv.stride(0) != t * qkv.stride(1):
+        raise ValueError(f"qkv (strides {qkv.stride()}) must have contiguous rows")
     if b * t == 0:
         return
     use_pdl = bool(pdl) and pdl_supported(qkv.device)

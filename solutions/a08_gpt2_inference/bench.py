@@ -743,8 +743,7 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
 KINDS = (("_matvec_kernel", "gemm"), ("matmul_kernel", "gemm"), ("_decode_split", "attention split"),
          ("_decode_combine", "attention combine"), ("_add_layernorm", "residual + LayerNorm"),
          ("_write_kv", "KV-cache write"), ("index", "embedding gather"), ("_embed_kernel", "embedding gather"),
-         ("reduce_kernel", "argmax"),
-         ("_choose_kernel", "argmax"))
+         ("reduce_kernel", "argmax"), ("_choose_kernel", "argmax"))
 GEMMS = ("qkv", "proj", "fc", "fc_proj")
 
 

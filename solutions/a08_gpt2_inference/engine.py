@@ -244,10 +244,11 @@ class GPT2Engine:
             return
         # see ln_linear: 16 bits, and rows short enough for the GEMV to take their statistics cheaply
         fold = self.fuse_epilogues and self.dtype != torch.float32 and fold_pays(1, self.n_embd)
+        # the plain copies of c_attn and c_fc too where a batch may be too large for the fold
+        plain_all = not fold or not fold_pays(self.max_batch, self.n_embd)
         for layer in self.layers:
-            for w in (layer.proj_w, layer.fc_proj_w, layer.attn_w, layer.fc_w):
-                if not fold or self.max_batch > 2 or w is layer.proj_w or w is layer.fc_proj_w:
-                    self._k_major[id(w)] = w.t().contiguous().t()
+            for w in (layer.proj_w, layer.fc_proj_w) + ((layer.attn_w, layer.fc_w) if plain_all else ()):
+                self._k_major[id(w)] = w.t().contiguous().t()
             if fold:
                 for g, be, w, bias in ((layer.ln_1_w, layer.ln_1_b, layer.attn_w, layer.attn_b),
                                        (layer.ln_2_w, layer.ln_2_b, layer.fc_w, layer.fc_b)):
