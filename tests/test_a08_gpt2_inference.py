@@ -953,6 +953,36 @@ def test_gemv_in_a_cuda_graph(gv, pdl, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True], ids=["no-pdl", "pdl"])
+def test_kv_write_then_decode_attention_in_a_cuda_graph(gv, dec, pdl, seed):
+    """The decode step's pair, captured and replayed on new values: c_attn's gemv writes the new token's K and
+    V into the cache (kv_cache=), then decode_attention reads the cache up to and including that row. With PDL
+    the attention's programs start during the gemv and prefetch their cache rows before they wait: the row
+    the gemv writes must still be read as written."""
+    from common.testing import assert_fresh_in_graph
+    b, h, d, k, s_max = 2, 4, 64, 16, 208
+    c = h * d
+    start = torch.tensor([100, 37], dtype=torch.int32, device=DEVICE)
+    lens = start + 1
+    x, w = randn(b, k, dtype=torch.bfloat16), _gemv_weight(k, 3 * c, torch.bfloat16, "kn")
+    kc, vc = randn(b, h, s_max, d, dtype=torch.bfloat16), randn(b, h, s_max, d, dtype=torch.bfloat16)
+
+    def step(x, w, kc, vc):
+        qkv = gv.gemv(x, w, kv_cache=(kc, vc, start), pdl=pdl)
+        return dec.decode_attention(qkv[:, :c].view(b, h, d), kc, vc, lens, pdl=pdl)
+
+    def ref(x, w, kc, vc):
+        qkv = _gemv_ref(x, w, None, None).to(torch.bfloat16)
+        q, k_new, v_new = (qkv[:, i * c:(i + 1) * c].view(b, h, d) for i in range(3))
+        k2, v2 = kc.cpu().clone(), vc.cpu().clone()
+        for i, pos in enumerate(start.tolist()):
+            k2[i, :, pos], v2[i, :, pos] = k_new[i], v_new[i]
+        return reference.decode_attention(q, k2, v2, lens.tolist())
+    assert_fresh_in_graph(step, dict(x=x, w=w, kc=kc, vc=vc), ref, name=f"KV write + decode attention, pdl={pdl}",
+                          dtype=torch.bfloat16, rel_tol=3e-2)
+
+
+@pytest.mark.gpu
 def test_engine_gemv_and_pdl_switches_give_the_same_tokens(eng, small_model, seed):
     """fp32 at GPT-2 small's shape: the engine with the GEMV and PDL (the default on sm_90+), without PDL,
     and with the a06 matmul for decode (decode_gemv=False) all generate transformers' 32 greedy tokens,
