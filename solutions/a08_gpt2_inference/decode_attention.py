@@ -35,6 +35,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.gpu import l2_bytes
 from common.launch import cdiv, fast, next_power_of_2
 from common.triton_helpers import dim_mask
 
@@ -228,12 +229,7 @@ def prefetch_keys(pdl: bool, cache_bytes: int, device: torch.device) -> int:
     run the prefetch instruction)."""
     if not pdl or TRITON_INTERPRET:
         return 0
-    return PREFETCH_KEYS if cache_bytes <= PREFETCH_L2_SHARE * _l2_bytes(device.index or 0) else 0
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(index: int) -> int:
-    return torch.cuda.get_device_properties(index).L2_cache_size
+    return PREFETCH_KEYS if cache_bytes <= PREFETCH_L2_SHARE * l2_bytes(device) else 0
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, *,
