@@ -456,7 +456,7 @@ def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
                              dec._decode_split, (t, t, t, _dt("int32"), t, f, f, 12 * d, d, 12 * 1024 * d, 1024 * d, d,
                                                  12 * 1024 * d, 1024 * d, d, 12 * d, d, 12, 0.18),
                              dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, BLOCK_D=d, USE_PDL=False,
-                                  num_warps=warps), only)
+                                  PREFETCH=0, LINE=64, num_warps=warps), only)
             yield Launch("a08", "_decode_combine", f"{dt} d={d} NUM_SPLITS=64", dec._decode_combine,
                          (f, f, t, 12 * d, d, 12),
                          dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, BLOCK_D=d, USE_PDL=False, num_warps=1), only)
