@@ -223,13 +223,12 @@ PREFETCH_KEYS = 128
 PREFETCH_L2_SHARE = 0.25
 
 
-def prefetch_keys(pdl: bool, cache_bytes: int, device: torch.device) -> int:
-    """The split kernel's PREFETCH: PREFETCH_KEYS with PDL on a GPU (only then does the prefetch overlap the
-    previous kernel) where the caches' K and V fit PREFETCH_L2_SHARE of L2; else 0 (the CPU interpreter cannot
-    run the prefetch instruction)."""
-    if not pdl or TRITON_INTERPRET:
-        return 0
-    return PREFETCH_KEYS if cache_bytes <= PREFETCH_L2_SHARE * l2_bytes(device) else 0
+def prefetch_keys(k_cache: torch.Tensor) -> int:
+    """The split kernel's PREFETCH for a launch WITH PDL (only then does the prefetch overlap the previous
+    kernel; PDL never runs under the CPU interpreter, which cannot run the prefetch instruction):
+    PREFETCH_KEYS where the caches' K and V (two of ``k_cache``) fit PREFETCH_L2_SHARE of L2, else 0."""
+    cache_bytes = 2 * k_cache.numel() * k_cache.element_size()
+    return PREFETCH_KEYS if cache_bytes <= PREFETCH_L2_SHARE * l2_bytes(k_cache.device) else 0
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, *,
@@ -290,8 +289,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                     v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
                                     h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
                                     USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=split_warps(d),
-                                    PREFETCH=prefetch_keys(use_pdl, 2 * k_cache.numel() * k_cache.element_size(),
-                                                           q.device),
+                                    PREFETCH=prefetch_keys(k_cache) if use_pdl else 0,
                                     LINE=128 // q.dtype.itemsize, **launch)
     if n > 1:
         fast(_decode_combine)[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
