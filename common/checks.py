@@ -64,6 +64,16 @@ def check_tensor(
     return x
 
 
+def meta(x: torch.Tensor | None) -> tuple | None:
+    """What a call's checks and decisions read of a tensor: (shape, strides, dtype, device); None for None.
+
+    A wrapper keys its checked plan on these (lecture 3, "Host overhead"): a call whose inputs match a key
+    that passed the checks before passes them again, so it looks the plan up instead of checking (about
+    0.5 µs a tensor against 1-2 µs of checks). Anything else raises AttributeError or TypeError, and the
+    wrapper runs its checks, which say what is wrong."""
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
 def check_same(a: torch.Tensor, b: torch.Tensor, names: str, *, dtype: bool = True, device: bool = True) -> None:
     """Both tensors share dtype and device."""
     if device and a.device != b.device:

@@ -71,6 +71,10 @@ class Launcher:
     def __getitem__(self, grid):
         return partial(self.run, grid)
 
+    def prepare(self, grid, **kwargs) -> Prepared:
+        """A :class:`Prepared` launch of this kernel: ``grid`` and the constexprs and options fixed."""
+        return Prepared(self, grid, kwargs)
+
     def run(self, grid, *args, **kwargs):
         """``kernel[grid](*args, **kwargs)``; returns the compiled kernel, as Triton does."""
         device = torch._C._cuda_getDevice() if self._binder is not None else None
@@ -112,6 +116,83 @@ class Launcher:
             if isinstance(entry, tuple) and len(entry) == 5 and callable(entry[4]):
                 self._device, self._binder = device, entry[4]
         return out
+
+
+class Prepared:
+    """``fast(kernel).prepare(grid, **kwargs)``: the launch of one wrapper plan, called as ``prepared(*args)``.
+
+    A course wrapper keys its plan on its inputs' metadata (shapes, strides, dtypes, devices: lecture 3,
+    "Host overhead"), so that calls with one key pass the same integers and constexprs, and differ only
+    in their tensors' addresses. Triton specialises a launch on exactly these: each integer (equal to 1?
+    a multiple of 16? its width), each tensor's dtype and 16-byte alignment, the constexprs and options.
+    So, past a plan's first call, this skips Triton's binder and the launcher's key (about 16 µs of the
+    34 µs that a 27-argument gemv launch cost through :class:`Launcher` on one H100 host) and asks only
+    what can change: the current device, the launch hooks, each tensor's dtype and alignment, and that
+    every other argument but a float equals the first call's (floats are not specialised). Any answer
+    that differs goes through :class:`Launcher` (correct, as slow as before); a new dtype or alignment is
+    remembered after that. ``args`` are the kernel's runtime arguments in its order, positionally; the
+    constexprs and options go in ``kwargs`` once, here. Under the interpreter, or with a Triton release
+    other than FAST_TRITON, every call goes through the launcher.
+    """
+
+    __slots__ = ("launcher", "grid", "kwargs", "ready", "device", "tensor_at", "fixed_at", "fixed", "tail",
+                 "kernels")
+
+    def __init__(self, launcher: Launcher, grid, kwargs: dict) -> None:
+        self.launcher, self.grid, self.kwargs = launcher, grid, kwargs
+        self.ready = False
+        self.kernels: dict = {}        # the tensors' (dtype, 16-byte aligned) -> (compiled kernel, native launch, grid)
+
+    def __call__(self, *args):
+        if self.ready and torch._C._cuda_getDevice() == self.device and not _hooked() \
+                and tuple([args[i] for i in self.fixed_at]) == self.fixed:
+            hit = self.kernels.get(tuple([(args[i].dtype, args[i].data_ptr() & 15 == 0) for i in self.tensor_at]))
+            if hit is not None:
+                ck, direct, g = hit
+                direct[0](g[0], g[1], g[2], _raw_stream(self.device), ck.function, direct[1], direct[2], None, None,
+                          ck.packed_metadata, None, None, None, *args, *self.tail)
+                return ck
+        return self._through_launcher(args)
+
+    def _through_launcher(self, args: tuple):
+        """The launch through :class:`Launcher`; then, where it can, what a later call needs to skip it."""
+        launcher = self.launcher
+        ck = launcher.run(self.grid, *args, **self.kwargs)
+        binder = launcher._binder
+        if binder is None or ck is None or hasattr(ck, "result") or _hooked():
+            return ck
+        direct = _direct(ck)
+        if direct is None:
+            return ck
+        bound, spec, _ = binder(*args, **self.kwargs)
+        values = list(bound.values())
+        n = len(args)
+        if len(values) < n or any(v is not a for v, a in zip(values, args)):
+            return ck                  # the arguments are not the kernel's first n, in order: no shortcut
+        if not self.ready:
+            tensor_at, fixed_at = [], []
+            for i, (a, sp) in enumerate(zip(args, spec)):
+                if isinstance(a, torch.Tensor):
+                    tensor_at.append(i)
+                elif not (isinstance(a, float) and sp[1] is None):   # a float Triton does not specialise: free
+                    fixed_at.append(i)
+            self.tensor_at, self.fixed_at = tensor_at, fixed_at
+            self.fixed = tuple([args[i] for i in fixed_at])
+            self.tail = tuple(values[n:])
+            self.device = launcher._device
+            self.ready = True
+        elif tuple([args[i] for i in self.fixed_at]) != self.fixed or launcher._device != self.device:
+            return ck                  # a call this plan was not made for: it keeps going through the launcher
+        g = self.grid(bound) if callable(self.grid) else self.grid
+        g = (*g, 1, 1)[:3]
+        key = tuple([(args[i].dtype, args[i].data_ptr() & 15 == 0) for i in self.tensor_at])
+        self.kernels[key] = (ck, direct, g)
+        return ck
+
+
+def prepare(kernel, grid, **kwargs) -> Prepared:
+    """``fast(kernel).prepare(grid, **kwargs)``: see :class:`Prepared`."""
+    return Prepared(fast(kernel), grid, kwargs)
 
 
 def fast(kernel) -> Launcher:

@@ -96,3 +96,38 @@ def test_launcher_launches_what_triton_launches():
             assert torch.cuda.current_stream() == s
         s.synchronize()
         torch.testing.assert_close(y, x, rtol=0, atol=0)
+
+
+def test_prepared_launch_launches_what_triton_launches():
+    """A plan's prepared launch (common.launch.Prepared) gives the kernel Triton would pick for every call:
+    its shortcut is taken only for the first call's integers, each tensor's dtype and 16-byte alignment
+    (a view one element in, fp16 after fp32) remembered; a float may change (Triton does not specialise
+    it); another n goes through the launcher, still right; another stream is honoured."""
+    from common.launch import prepare
+    kernel = _copy_kernel()
+    dev = common.DEVICE
+    prepared = {double: prepare(kernel, (cdiv(1000, 64),), BLOCK=64, DOUBLE=double) for double in (False, True)}
+    for _ in range(2):
+        for n in (1000, 1000, 17):             # 17: not the integers the plan was made for
+            for dtype in (torch.float32, torch.float16):
+                for offset in (0, 1, 0):
+                    for double, scale in ((False, 2.0), (True, 1.0), (True, 4.0)):
+                        x = torch.randn(n + offset, device=dev).to(dtype)[offset:]
+                        y = torch.full_like(x, float("nan"))
+                        prepared[double](x, y, n, scale)
+                        expect = (x.float() * scale * (2 if double else 1)).to(dtype)   # exact: powers of 2
+                        torch.testing.assert_close(y, expect, rtol=0, atol=0,
+                                                   msg=f"n={n} {dtype} +{offset} {double} {scale}")
+    if common.HAS_CUDA:
+        p = prepared[True]
+        assert p.ready and p.fixed == (1000,) and len(p.kernels) == 4   # {fp32, fp16} x {aligned, not}
+        s = torch.cuda.Stream()
+        x = torch.randn(1000, device=dev)
+        y = torch.zeros_like(x)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(1_000_000)           # the launch below must queue behind this, on s
+            p(x, y, 1000, 1.0)
+        s.synchronize()
+        torch.testing.assert_close(y, 2 * x, rtol=0, atol=0)
+    else:
+        assert not prepared[True].ready            # the interpreter: every call goes through the launcher

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, gpu
 from common.checks import check_same, check_tensor
-from common.launch import cdiv, fast
+from common.launch import Prepared, cdiv, fast
 from common.timing import autotune_bench, precompile
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -293,19 +293,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     num_stages) bypasses the autotuner (used by the benchmarks; b of fewer than TINY_WEIGHT
     elements runs TINY_CONFIG on a GPU), with fewer stages on a GPU whose shared memory needs it (fit_config).
     """
-    check_tensor(a, "a", min_ndim=1)
-    check_tensor(b, "b", ndim=2)
     # Everything below up to the launch is a function of the inputs' metadata (shapes, strides, dtypes,
     # devices, 16-byte alignment) and the options: computed once per key by _plan (the checks with their
     # messages, the layout, the config, the grid), a dict lookup after that.
-    key = (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16, b.shape, b.stride(), b.dtype, b.device,
-           b.data_ptr() % 16, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-           None if out is None else (out.shape, out.dtype, out.device, out.is_contiguous()),
-           activation, allow_tf32, fast_tanh, config)
-    plan = _PLANS.get(key)
+    try:
+        key = (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16, b.shape, b.stride(), b.dtype, b.device,
+               b.data_ptr() % 16, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+               None if out is None else (out.shape, out.dtype, out.device, out.is_contiguous()),
+               activation, allow_tf32, fast_tanh, config)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):   # not tensors (the checks in _plan say so), or a config given as a list
+        key, plan = None, None
     if plan is None:
         plan = _plan(a, b, bias, activation, out, allow_tf32, fast_tanh, config)
-        if plan.grid is not None:      # not a call that tunes first (its plan comes from the next call)
+        if plan.grid is not None and key is not None:   # not a call that tunes first (its plan comes next call)
             _PLANS[key] = plan
     m, n, k = plan.m, plan.n, plan.k
     if out is None:
@@ -313,7 +314,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     if m == 0 or n == 0:
         return out
     a2 = a if a.dim() == 2 else a.reshape(-1, k)
-    c2 = out.view(m, n)
+    c2 = out if out.dim() == 2 else out.view(m, n)      # a view object costs host time: only when needed
     x, y, z = (b.t(), a2.t(), c2.t()) if plan.swap else (a2, b, c2)
     args = (x, y, z, bias if bias is not None else c2, *plan.ints)
     if plan.grid is None:
@@ -327,7 +328,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
         best = _matmul_autotuned.best_config
         _TUNED[plan.tune_key] = (_shape(best), best.kwargs["PREFETCH"])
         return out
-    fast(matmul_kernel)[plan.grid](*args, **plan.meta)
+    plan.launch(*args)
     return out
 
 
@@ -340,6 +341,8 @@ def _plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activatio
     """The checks (a clear error for a bad input) and every decision of a matmul call that depends only
     on its key: shapes, the layout (swap), the integer arguments, the config and the grid (None: the
     call tunes its bucket of M first)."""
+    check_tensor(a, "a", min_ndim=1)
+    check_tensor(b, "b", ndim=2)
     check_same(a, b, "a, b")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
@@ -393,7 +396,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activatio
     grid = (cdiv(mm, bm) * cdiv(nn, bn),)
     meta.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PREFETCH=prefetch, EVEN_K=k % bk == 0,
                 num_warps=warps, num_stages=stages)
-    return _Plan(m, n, k, out_shape, swap, ints, meta, grid, tune_key)
+    return _Plan(m, n, k, out_shape, swap, ints, meta, grid, tune_key, fast(matmul_kernel).prepare(grid, **meta))
 
 
 class _Plan(NamedTuple):
@@ -406,6 +409,7 @@ class _Plan(NamedTuple):
     meta: dict                  # its constexprs and launch options
     grid: tuple | None          # None: tune this bucket of M first (tune_key)
     tune_key: tuple | None = None
+    launch: Prepared | None = None   # the kernel's launch with this plan's grid and meta (common.launch)
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -29,7 +29,7 @@ import triton.language as tl
 from common import TRITON_INTERPRET
 from common.checks import check_tensor
 from common.impl import op_namespace
-from common.launch import cdiv, fast, plain_eager
+from common.launch import Prepared, cdiv, fast, plain_eager
 from common.timing import autotune_bench, precompile
 
 NS = op_namespace(__name__)
@@ -80,16 +80,16 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------ given code
-#: The autotuner's pick per (n, dtype), once it has tuned that n, as (grid, launch kwargs): later calls
-#: launch the kernel with it directly (a dict lookup instead of the autotuner's per-call key building
-#: and precompile check).
-_BEST: dict[tuple[int, torch.dtype], tuple[tuple[int], dict]] = {}
+#: The autotuner's pick per (n, dtype), once it has tuned that n, as a prepared launch of the kernel with
+#: its grid and config (common.launch.Prepared): later calls launch it directly (a dict lookup instead of
+#: the autotuner's per-call key building and precompile check).
+_BEST: dict[tuple[int, torch.dtype], Prepared] = {}
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
     """The op's body: contiguous copy of a strided x, one kernel launch, new output."""
     x = x.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x)   # not torch.empty(x.shape, ...): parsing a torch.Size costs more than allocating
     n = x.numel()
     if n > 0:
         best = _BEST.get((n, x.dtype))
@@ -98,9 +98,9 @@ def _gelu(x: torch.Tensor) -> torch.Tensor:
             precompile(gelu_kernel, grid, x, y, n)
             gelu_kernel[grid](x, y, n)
             cfg = gelu_kernel.best_config
-            _BEST[(n, x.dtype)] = ((cdiv(n, cfg.kwargs["BLOCK"]),), cfg.all_kwargs())
+            _BEST[(n, x.dtype)] = fast(gelu_kernel.fn).prepare((cdiv(n, cfg.kwargs["BLOCK"]),), **cfg.all_kwargs())
         else:
-            fast(gelu_kernel.fn)[best[0]](x, y, n, **best[1])
+            best(x, y, n)      # the pick's prepared launch (common.launch.Prepared)
     return y
 
 

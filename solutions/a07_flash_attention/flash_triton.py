@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from common import TRITON_INTERPRET
-from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.checks import FLOAT_DTYPES, check_same, check_tensor, meta
 from common.launch import cdiv, fast
 from common.timing import compile_together
 from common.triton_helpers import dim_mask
@@ -447,13 +447,18 @@ def _kernel(fn, kind: str, d: int, n: int, dtype: torch.dtype):
 _smaller: dict[tuple, dict] = {}
 
 
-def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool) -> None:
-    """``kernel[grid](*args, **kwargs)``; where its config does not fit the GPU's shared memory and
-    ``fallback``, the first of smaller_configs that does (remembered: later calls launch it directly)."""
+def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool, prepared=None) -> None:
+    """``kernel[grid](*args, **kwargs)``, or ``prepared(*args)`` (a plan's common.launch.Prepared of them);
+    where the config does not fit the GPU's shared memory and ``fallback``, the first of smaller_configs
+    that does (remembered: later calls launch it directly)."""
     if _smaller:                     # empty on a GPU where every config fits (the H100's 16-bit tables)
         kwargs = _smaller.get((kernel, tuple(kwargs.items())), kwargs)
+        prepared = None
     try:
-        fast(kernel)[grid](*args, **kwargs)
+        if prepared is not None:
+            prepared(*args)
+        else:
+            fast(kernel)[grid](*args, **kwargs)
         return
     except OutOfResources:
         if not fallback:
@@ -516,11 +521,6 @@ def _new(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def _meta(*tensors: torch.Tensor) -> tuple:
-    """What a launch plan depends on: each tensor's shape, strides, dtype and device."""
-    return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-
-
 #: Launch plans per key (the inputs' metadata and the call's options), made on a call's first use of a key
 #: (the checks, the configs, the grids, the integer arguments) and looked up after that: an eager call
 #: pays a dict lookup for them (lecture 3, "Host overhead"). Only under the default launch options.
@@ -542,7 +542,8 @@ def _forward_plan(q, k, v, is_causal: bool, allow_tf32: bool) -> tuple:
         # (and the option is part of the compiled kernel's cache key). The interpreter is IEEE anyway.
         cfg["allowed_dot_input_precisions"] = ("ieee",)
     ints = (*q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(), H, nq, nk, LOG2E / math.sqrt(d))
-    return kernel, grid, ints, dict(HEAD_DIM=d, CAUSAL=bool(is_causal), BLOCK_D=fwd_block_d(d), **cfg), fallback
+    kwargs = dict(HEAD_DIM=d, CAUSAL=bool(is_causal), BLOCK_D=fwd_block_d(d), **cfg)
+    return kernel, grid, ints, kwargs, fallback, tuple(q.shape[:-1]), fast(kernel).prepare(grid, **kwargs)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -553,17 +554,30 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     default for an fp32 ``tl.dot`` on a GPU is TF32, ~3e-4 relative): stage 8 uses it to
     match transformers' fp32 GPT-2 token for token. No effect on 16-bit inputs.
     """
-    if _options[-1] is _DEFAULT and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) \
-            and isinstance(v, torch.Tensor):
-        key = (*_meta(q, k, v), bool(is_causal), allow_tf32)
-        plan = _FWD_PLANS.get(key)
+    if _options[-1] is _DEFAULT:
+        try:
+            key = (meta(q), meta(k), meta(v), bool(is_causal), allow_tf32)
+            plan = _FWD_PLANS.get(key)
+        except (AttributeError, TypeError):     # not tensors: _forward_plan's checks say what is wrong
+            key = plan = None
         if plan is None:
-            plan = _FWD_PLANS[key] = _forward_plan(q, k, v, is_causal, allow_tf32)
+            plan = _forward_plan(q, k, v, is_causal, allow_tf32)
+            if key is not None:
+                _FWD_PLANS[key] = plan
+        kernel, grid, ints, kwargs, fallback, lse_shape, prepared = plan
+        # the default options: no poison, so plain allocations (not torch.empty(q.shape, ...): a torch.Size
+        # argument costs the parser more than the allocation itself; lecture 3, "Host overhead")
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+        if q.dim() == 4:                        # [Z, H, N, d] already: no view objects to make
+            _launch(kernel, grid, (q, k, v, o, lse, *ints), kwargs, fallback, prepared)
+            return o, lse
+        _launch(kernel, grid, (_as4d(q), _as4d(k), _as4d(v), _as4d(o), lse, *ints), kwargs, fallback, prepared)
+        return o, lse
     else:
-        plan = _forward_plan(q, k, v, is_causal, allow_tf32)
-    kernel, grid, ints, kwargs, fallback = plan
-    o = _new(q.shape, q)
-    lse = _new(q.shape[:-1], q, torch.float32)
+        kernel, grid, ints, kwargs, fallback, _, _ = _forward_plan(q, k, v, is_causal, allow_tf32)
+        o = _new(q.shape, q)
+        lse = _new(q.shape[:-1], q, torch.float32)
     _launch(kernel, grid, (_as4d(q), _as4d(k), _as4d(v), _as4d(o), lse, *ints), kwargs, fallback)
     return o, lse
 
@@ -587,7 +601,7 @@ def grad_strides(x: torch.Tensor) -> tuple[int, ...] | None:
 def _grad(x: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
     if strides is None:
         return _new(x.shape, x)
-    g = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    g = torch.empty_strided(x.shape, strides[:4], dtype=x.dtype, device=x.device)
     return g.fill_(float("nan")) if _options[-1].poison else g
 
 
@@ -605,13 +619,19 @@ def _backward_plan(q, k, v, o, do, is_causal: bool) -> tuple:
     (dkdv, dkdv_cfg, dkdv_fallback), (dq_kernel, dq_cfg, dq_fallback) = (
         _kernel(_attn_bwd_dkdv, "dkdv", d, nq, q.dtype), _kernel(_attn_bwd_dq, "dq", d, nq, q.dtype))
     # (kernel, grid, integer arguments, kwargs, may fall back): delta, dK/dV, dQ
-    return ((_attn_bwd_delta, (cdiv(nq, 64), Z * H), (*o4.stride(), *do4.stride(), H, nq),
-             dict(HEAD_DIM=d, BLOCK_M=64), False),
-            (dkdv, lambda meta: (cdiv(nk, meta["BLOCK_N"]), Z * H), (*ints, *gk4, *rest),
-             dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dkdv_cfg), dkdv_fallback),
-            (dq_kernel, lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H), (*ints, *gq4, *rest),
-             dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg), dq_fallback),
-            gq, gk)
+    launches = ((_attn_bwd_delta, (cdiv(nq, 64), Z * H), (*o4.stride(), *do4.stride(), H, nq),
+                 dict(HEAD_DIM=d, BLOCK_M=64), False),
+                (dkdv, lambda meta: (cdiv(nk, meta["BLOCK_N"]), Z * H), (*ints, *gk4, *rest),
+                 dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dkdv_cfg), dkdv_fallback),
+                (dq_kernel, lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H), (*ints, *gq4, *rest),
+                 dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg), dq_fallback))
+    prepared = tuple(fast(kernel).prepare(grid, **kwargs) for kernel, grid, _, kwargs, _ in launches)
+    return (*launches, _with_shape(gq, q), _with_shape(gk, k), tuple(q.shape[:-1]), prepared)
+
+
+def _with_shape(strides: tuple[int, ...] | None, x: torch.Tensor) -> tuple | None:
+    """grad_strides' strides with x's shape (a plain tuple) appended: what torch.empty_strided takes."""
+    return None if strides is None else (*strides, tuple(x.shape))
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -619,18 +639,32 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     """(dQ, dK, dV) with kernels 2, 3 and 4, from the saved O and L (head dims of HEAD_DIMS only)."""
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head dim d={q.shape[-1]} is not supported by the backward kernels; expected one of {HEAD_DIMS}")
-    key = (*_meta(q, k, v, o, do), bool(is_causal))
-    plan = _BWD_PLANS.get(key) if _options[-1] is _DEFAULT else None
+    default = _options[-1] is _DEFAULT
+    key = (meta(q), meta(k), meta(v), meta(o), meta(do), bool(is_causal))
+    plan = _BWD_PLANS.get(key) if default else None
     fresh = plan is None
     if fresh:
         plan = _backward_plan(q, k, v, o, do, is_causal)
-        if _options[-1] is _DEFAULT:
+        if default:
             _BWD_PLANS[key] = plan
-    q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
     (delta_k, delta_grid, delta_ints, delta_kw, _), (dkdv, dkdv_grid, dkdv_ints, dkdv_kw, dkdv_fb), \
-        (dq_k, dq_grid, dq_ints, dq_kw, dq_fb), gq, gk = plan
-    delta = _new(q.shape[:-1], q, torch.float32)
-    dq, dk, dv = _grad(q, gq), _grad(k, gk), _grad(v, gk)     # dV in dK's layout: one set of strides
+        (dq_k, dq_grid, dq_ints, dq_kw, dq_fb), gq, gk, delta_shape, prepared = plan
+    if q.dim() == 4:                   # [Z, H, N, d] already (then all five are): no view objects to make
+        q4, k4, v4, o4, do4 = q, k, v, o, do
+    else:
+        q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
+    if default:    # no poison: plain allocations, their shapes as plain tuples (a torch.Size costs the parser)
+        dev = q.device
+        delta = torch.empty(*delta_shape, dtype=torch.float32, device=dev)
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format) if gq is None else \
+            torch.empty_strided(gq[4], gq[:4], dtype=q.dtype, device=dev)
+        dk, dv = (torch.empty_like(k, memory_format=torch.contiguous_format),
+                  torch.empty_like(v, memory_format=torch.contiguous_format)) if gk is None else \
+            (torch.empty_strided(gk[4], gk[:4], dtype=k.dtype, device=dev),
+             torch.empty_strided(gk[4], gk[:4], dtype=v.dtype, device=dev))   # dV in dK's layout
+    else:
+        delta = _new(q.shape[:-1], q, torch.float32)
+        dq, dk, dv = _grad(q, gq), _grad(k, gk), _grad(v, gk)     # dV in dK's layout: one set of strides
     launches = [(delta_k, delta_grid, (o4, do4, delta, *delta_ints), delta_kw),
                 (dkdv, dkdv_grid, (q4, k4, v4, do4, lse, delta, dk, dv, *dkdv_ints), dkdv_kw),
                 (dq_k, dq_grid, (q4, k4, v4, do4, lse, delta, dq, *dq_ints), dq_kw)]
@@ -643,8 +677,10 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
         if kind not in _compiled_backward:
             _compiled_backward.add(kind)
             compile_together(launches)
-    for (kernel, grid, kernel_args, kwargs), fallback in zip(launches, (False, dkdv_fb, dq_fb)):
-        _launch(kernel, grid, kernel_args, kwargs, fallback)
+    p_delta, p_dkdv, p_dq = prepared if default else (None, None, None)
+    _launch(delta_k, delta_grid, launches[0][2], delta_kw, False, p_delta)
+    _launch(dkdv, dkdv_grid, launches[1][2], dkdv_kw, dkdv_fb, p_dkdv)
+    _launch(dq_k, dq_grid, launches[2][2], dq_kw, dq_fb, p_dq)
     return dq, dk, dv
 
 
@@ -653,7 +689,11 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-        check_inputs(q, k, v, backward=any(ctx.needs_input_grad[:3]))
+        # attention_forward checks the inputs (once per key: its plan); a backward also needs a head dim of
+        # HEAD_DIMS, asked here so that the error comes now, not in the backward pass
+        if not (isinstance(q, torch.Tensor) and q.dim() >= 2 and q.shape[-1] in HEAD_DIMS) \
+                and any(ctx.needs_input_grad[:3]):
+            check_inputs(q, k, v, backward=True)
         o, lse = attention_forward(q, k, v, bool(is_causal))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = bool(is_causal)
@@ -673,6 +713,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     kernel directly: ``autograd.Function.apply`` costs about as much host time as the launch itself
     (lecture 3, "Host overhead"), and there is nothing to save for a backward.
     """
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+    try:
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    except AttributeError:      # not tensors: attention_forward's checks say what is wrong
+        grad = False
+    if grad:
         return FlashAttentionTriton.apply(q, k, v, is_causal)
     return attention_forward(q, k, v, bool(is_causal))[0]

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
-from common.checks import FLOAT_DTYPES, check_same, check_tensor
+from common.checks import FLOAT_DTYPES, check_same, check_tensor, meta
 from common.gpu import l2_bytes
 from common.launch import cdiv, fast, next_power_of_2
 from common.triton_helpers import dim_mask
@@ -245,6 +245,42 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Accumulates in fp32; no host synchronisation (capturable in a CUDA graph). ``pdl=True``: both
     kernels launch with programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES).
     """
+    try:   # the call's key: everything its checks and decisions read (lecture 3, "Host overhead")
+        key = (meta(q), meta(k_cache), meta(v_cache), meta(lengths), meta(out), splits, bool(pdl))
+        call = _CALLS.get(key)
+    except (AttributeError, TypeError):   # not tensors: the checks say what is wrong
+        key = call = None
+    if call is None:
+        call = _checked_call(q, k_cache, v_cache, lengths, splits, out, pdl)
+        if key is not None:
+            _CALLS[key] = call
+    out_shape, part_shapes, split, combine = call
+    if out is None:
+        out = torch.empty(*out_shape, dtype=q.dtype, device=q.device)
+    if split is None:                      # B = 0 or H = 0
+        return out
+    if part_shapes is not None:
+        o_part = torch.empty(*part_shapes[0], dtype=torch.float32, device=q.device)
+        l_part = torch.empty(*part_shapes[1], dtype=torch.float32, device=q.device)
+    else:
+        o_part = l_part = out          # unused
+    h = out_shape[1]
+    split(q, k_cache, v_cache, lengths, out, o_part, l_part, q.stride(0), q.stride(1), k_cache.stride(0),
+          k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0),
+          out.stride(1), h, LOG2E / math.sqrt(out_shape[2]))
+    if combine is not None:
+        combine(o_part, l_part, out, out.stride(0), out.stride(1), h)
+    return out
+
+
+#: The calls per key (the tensors' metadata and the options): shapes and the kernels' prepared launches, made
+#: by _checked_call on a key's first call and looked up after that (lecture 3, "Host overhead").
+_CALLS: dict[tuple, tuple] = {}
+
+
+def _checked_call(q, k_cache, v_cache, lengths, splits, out, pdl) -> tuple:
+    """The checks of a call (a clear error for a bad input) and its decisions: (out's shape, the partial
+    results' shapes or None, the split kernel's prepared launch, the combine's or None: common.launch.Prepared)."""
     check_tensor(q, "q", dtypes=FLOAT_DTYPES, ndim=3)
     check_tensor(k_cache, "k_cache", dtypes=FLOAT_DTYPES, ndim=4)
     check_tensor(v_cache, "v_cache", dtypes=FLOAT_DTYPES, ndim=4)
@@ -265,15 +301,26 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
-    s_max = k_cache.shape[2]
-    if out is None:
-        out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
-    else:
+    if out is not None:
         check_tensor(out, "out", dtypes=(q.dtype,), contiguous=True)
         if tuple(out.shape) != (b, h, d):
             raise ValueError(f"out: expected shape {(b, h, d)}, got {tuple(out.shape)}")
     if b == 0 or h == 0:
-        return out
+        return (b, h, d), None, None, None
+    n = splits if splits is not None else num_splits(b * h, k_cache.shape[2])
+    if n < 1:
+        raise ValueError(f"splits: expected >= 1, got {n}")
+    use_pdl = bool(pdl) and pdl_supported(q.device)
+    launch = dict(launch_pdl=True) if use_pdl else {}
+    split_kw = dict(NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N, USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d),
+                    num_warps=split_warps(d), PREFETCH=prefetch_keys(k_cache) if use_pdl else 0,
+                    LINE=128 // q.dtype.itemsize, **launch)
+    split = fast(_decode_split).prepare((n, b * h), **split_kw)
+    if n == 1:
+        return (b, h, d), None, split, None
+    combine = fast(_decode_combine).prepare((b * h,), NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d,
+                                            USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=1, **launch)
+    return (b, h, d), ((b * h, n, d), (b * h, n)), split, combine
     n = splits if splits is not None else num_splits(b * h, s_max)
     if n < 1:
         raise ValueError(f"splits: expected >= 1, got {n}")

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
-from common.checks import check_same, check_tensor
+from common.checks import check_same, check_tensor, meta
 from common.launch import cdiv, fast, next_power_of_2
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
@@ -611,6 +611,54 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     the device). ``pdl=True``: launched with programmatic dependent launch where the GPU supports it
     (sm_90+; ignored elsewhere and under the interpreter), see PDL_NOTES.
     """
+    try:   # the call's key: everything its checks and decisions read (lecture 3, "Host overhead")
+        key = (meta(x), meta(w), meta(bias), meta(residual), meta(ln_colsum), meta(out),
+               None if kv_cache is None else tuple(map(meta, kv_cache)), activation, config, bool(pdl))
+        call = _CALLS.get(key)
+    except (AttributeError, TypeError):   # not tensors, or a config given as a list: checked afresh
+        key = call = None
+    if call is None:
+        call = _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl)
+        if key is not None:
+            _CALLS[key] = call
+    m, n, k, out_shape, grid, per, launch = call
+    if out is None:
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    y2 = out if out.dim() == 2 else out.view(m, n)
+    if residual is not None:
+        r2 = residual if residual.dim() == 2 else residual.reshape(m, n)
+        if r2.stride(1) != 1 and n > 1:
+            r2 = r2.contiguous()
+    else:
+        r2 = y2                                                    # unused
+    if kv_cache is not None:
+        kc, vc, start = kv_cache
+        kv_args = (kc, vc, start, kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[2], kc.shape[3])
+    else:
+        kv_args = (y2, y2, y2, 0, 0, 0, 0, 1)                     # unused
+    if grid[1] > 1:
+        part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
+        count = _counters(x.device, grid[0])
+    else:
+        part = count = y2                                          # unused
+    launch(x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
+           m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0), float(eps),
+           *kv_args)
+    return out
+
+
+#: gemv's calls per key (the tensors' metadata and the options): (M, N, K, the output's shape, the plan),
+#: made by _checked_call on a key's first call, looked up after that: a call pays its key and a dict lookup
+#: for the checks and the decisions, which depend on nothing else (lecture 3, "Host overhead").
+_CALLS: dict[tuple, tuple] = {}
+
+
+def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl) -> tuple:
+    """The checks of a gemv call (a clear error for a bad input) and its decisions:
+    (M, N, K, the output's shape, grid, rows of W per split, the prepared launch: common.launch.Prepared)."""
     check_tensor(x, "x", min_ndim=1)
     check_tensor(w, "w", ndim=2)
     check_same(x, w, "x, w")
@@ -641,15 +689,31 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
         check_same(x, residual, "x, residual")
         if tuple(residual.shape) != out_shape:
             raise ValueError(f"residual: expected the output's shape {out_shape}, got {tuple(residual.shape)}")
-    if out is None:
-        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    else:
+    if out is not None:
         check_tensor(out, "out", dtypes=(x.dtype,), contiguous=True)
         check_same(x, out, "x, out")
         if tuple(out.shape) != out_shape:
             raise ValueError(f"out: expected shape {out_shape}, got {tuple(out.shape)}")
+    if kv_cache is not None:
+        if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 3:
+            raise TypeError("kv_cache: expected (k_cache, v_cache, start)")
+        _check_kv(x2, n, *kv_cache)
     if m == 0 or n == 0:
-        return out
+        return m, n, k, out_shape, None, None, None
+    k_contig = w.stride(0) == 1 and k > 1
+    key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl),
+           residual is not None, ln_colsum is not None, kv_cache is not None)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:                  # a config given as a list: no key, decided afresh
+        key, plan = None, None
+    if plan is None:
+        plan = _plan(m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, pdl,
+                     residual is not None, ln_colsum is not None, kv_cache is not None)
+        if key is not None:
+            _PLANS[key] = plan
+    grid, per, kwargs = plan
+    return m, n, k, out_shape, grid, per, fast(_matvec_kernel).prepare(grid, **kwargs)
     y2 = out if out.dim() == 2 else out.view(m, n)
     if residual is not None:
         r2 = residual if residual.dim() == 2 else residual.reshape(m, n)
@@ -681,8 +745,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
         count = _counters(x.device, grid[0])
     else:
         part = count = y2                                          # unused
-    fast(_matvec_kernel)[grid](
-        x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
-        m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0), float(eps),
-        *kv_args, **kwargs)
+    launch(x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
+           m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0), float(eps),
+           *kv_args)
     return out

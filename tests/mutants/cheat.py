@@ -21,8 +21,8 @@ NAIVE_BACKWARD = '''        with torch.enable_grad():
 
 MUTANTS = [
     Mutant(A06, "matmul_triton.py", "torch.matmul instead of the kernel without epilogue",
-           [("    c2 = out.view(m, n)\n",
-             "    c2 = out.view(m, n)\n    if bias is None and activation is None:\n"
+           [("    c2 = out if out.dim() == 2 else out.view(m, n)",
+             "    c2 = out if out.dim() == 2 else out.view(m, n)\n    if bias is None and activation is None:\n"
              "        return out.copy_(torch.matmul(a, b))\n")],
            expect=("aten.mm", "called PyTorch ops"), grader=("aten.mm",)),
     Mutant(A07, "flash_triton.py", "forward output from SDPA",
