@@ -144,10 +144,13 @@ class Prepared:
         self.kernels: dict = {}        # the tensors' (dtype, 16-byte aligned) -> (compiled kernel, native launch, grid)
 
     def __call__(self, *args):
-        if self.ready and torch._C._cuda_getDevice() == self.device and not _hooked() \
-                and tuple([args[i] for i in self.fixed_at]) == self.fixed:
-            hit = self.kernels.get(tuple([(args[i].dtype, args[i].data_ptr() & 15 == 0) for i in self.tensor_at]))
-            if hit is not None:
+        if self.ready and torch._C._cuda_getDevice() == self.device and not _hooked():
+            try:
+                same = tuple([args[i] for i in self.fixed_at]) == self.fixed
+                hit = self.kernels.get(tuple([(args[i].dtype, args[i].data_ptr() & 15 == 0) for i in self.tensor_at]))
+            except (AttributeError, IndexError, RuntimeError, TypeError):   # not the arguments of the first call
+                same = False
+            if same and hit is not None:
                 ck, direct, g = hit
                 direct[0](g[0], g[1], g[2], _raw_stream(self.device), ck.function, direct[1], direct[2], None, None,
                           ck.packed_metadata, None, None, None, *args, *self.tail)
