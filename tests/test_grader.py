@@ -141,8 +141,8 @@ def test_weight_copied_per_call_is_caught_by_the_trials(tmp_path):
 def test_calling_the_torch_op_is_caught(tmp_path):
     """A bias 'kernel' that is really torch arithmetic passes the values but not the grader."""
     sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [(
-        "    _check(y, b)\n    N = y.shape[-1]\n    out = torch.empty(",
-        "    _check(y, b)\n    return y + b\n    N = y.shape[-1]\n    out = torch.empty(")]})
+        "    _check(y, b)\n    N = y.shape[-1]\n    # empty_like",
+        "    _check(y, b)\n    return y + b\n    N = y.shape[-1]\n    # empty_like")]})
     report, _, table = _grade(sub, tmp_path, "a03", "--no-tests")
     (st,) = report["stages"]
     assert st["score"] == 0 and any("aten.add" in v for v in st["violations"]), table
@@ -245,8 +245,8 @@ def test_crash_and_hang_fail_only_their_stage(tmp_path):
 def test_a_crashing_test_is_named(tmp_path):
     """A test that kills pytest (an abort, a segfault in an extension) is reported by name and signal."""
     sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [
-        ("    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n",
-         "    __import__('os').abort()\n    out = torch.empty(y.shape, dtype=y.dtype, device=y.device)\n")]})
+        ("    out = torch.empty_like(y, memory_format=torch.contiguous_format)\n",
+         "    __import__('os').abort()\n    out = torch.empty_like(y, memory_format=torch.contiguous_format)\n")]})
     report, gs, table = _grade(sub, tmp_path, "a03", "--timeout", "120")
     _validate_gradescope(gs)
     msg = report["stages"][0]["message"]
