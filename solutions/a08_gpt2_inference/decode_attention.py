@@ -321,25 +321,3 @@ def _checked_call(q, k_cache, v_cache, lengths, splits, out, pdl) -> tuple:
     combine = fast(_decode_combine).prepare((b * h,), NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d,
                                             USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=1, **launch)
     return (b, h, d), ((b * h, n, d), (b * h, n)), split, combine
-    n = splits if splits is not None else num_splits(b * h, s_max)
-    if n < 1:
-        raise ValueError(f"splits: expected >= 1, got {n}")
-    if n > 1:
-        o_part = torch.empty((b * h, n, d), dtype=torch.float32, device=q.device)
-        l_part = torch.empty((b * h, n), dtype=torch.float32, device=q.device)
-    else:
-        o_part = l_part = out          # unused
-    use_pdl = bool(pdl) and pdl_supported(q.device)
-    launch = dict(launch_pdl=True) if use_pdl else {}
-    fast(_decode_split)[(n, b * h)](q, k_cache, v_cache, lengths, out, o_part, l_part,
-                                    q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                    v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-                                    h, LOG2E / math.sqrt(d), NUM_SPLITS=n, HEAD_DIM=d, BLOCK_N=BLOCK_N,
-                                    USE_PDL=use_pdl, BLOCK_D=next_power_of_2(d), num_warps=split_warps(d),
-                                    PREFETCH=prefetch_keys(k_cache) if use_pdl else 0,
-                                    LINE=128 // q.dtype.itemsize, **launch)
-    if n > 1:
-        fast(_decode_combine)[(b * h,)](o_part, l_part, out, out.stride(0), out.stride(1), h,
-                                        NUM_SPLITS=n, SPLITS_P2=next_power_of_2(n), HEAD_DIM=d, USE_PDL=use_pdl,
-                                        BLOCK_D=next_power_of_2(d), num_warps=1, **launch)
-    return out

@@ -714,38 +714,3 @@ def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, co
             _PLANS[key] = plan
     grid, per, kwargs = plan
     return m, n, k, out_shape, grid, per, fast(_matvec_kernel).prepare(grid, **kwargs)
-    y2 = out if out.dim() == 2 else out.view(m, n)
-    if residual is not None:
-        r2 = residual if residual.dim() == 2 else residual.reshape(m, n)
-        if r2.stride(1) != 1 and n > 1:
-            r2 = r2.contiguous()
-    else:
-        r2 = y2                                                    # unused
-    if kv_cache is not None:
-        kc, vc, start = kv_cache
-        _check_kv(x2, n, kc, vc, start)
-        kv_args = (kc, vc, start, kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[2], kc.shape[3])
-    else:
-        kv_args = (y2, y2, y2, 0, 0, 0, 0, 1)                     # unused
-    k_contig = w.stride(0) == 1 and k > 1
-    try:
-        key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl),
-               residual is not None, ln_colsum is not None, kv_cache is not None)
-        plan = _PLANS.get(key)
-    except TypeError:                  # a config given as a list: no key, decided afresh
-        key, plan = None, None
-    if plan is None:
-        plan = _plan(m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, pdl,
-                     residual is not None, ln_colsum is not None, kv_cache is not None)
-        if key is not None:
-            _PLANS[key] = plan
-    grid, per, kwargs = plan
-    if grid[1] > 1:
-        part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
-        count = _counters(x.device, grid[0])
-    else:
-        part = count = y2                                          # unused
-    launch(x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
-           m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0), float(eps),
-           *kv_args)
-    return out
