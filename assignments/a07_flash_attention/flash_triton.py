@@ -388,7 +388,7 @@ def grad_strides(x: torch.Tensor) -> tuple[int, ...] | None:
 def _grad(x: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
     if strides is None:
         return _new(x.shape, x)
-    g = torch.empty_strided(x.shape, strides[:4], dtype=x.dtype, device=x.device)
+    g = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
     return g.fill_(float("nan")) if _options[-1].poison else g
 
 
@@ -413,12 +413,8 @@ def _backward_plan(q, k, v, o, do, is_causal: bool) -> tuple:
                 (dq_kernel, lambda meta: (cdiv(nq, meta["BLOCK_M"]), Z * H), (*ints, *gq4, *rest),
                  dict(HEAD_DIM=d, CAUSAL=bool(is_causal), **dq_cfg), dq_fallback))
     prepared = tuple(fast(kernel).prepare(grid, **kwargs) for kernel, grid, _, kwargs, _ in launches)
-    return (*launches, _with_shape(gq, q), _with_shape(gk, k), tuple(q.shape[:-1]), prepared)
-
-
-def _with_shape(strides: tuple[int, ...] | None, x: torch.Tensor) -> tuple | None:
-    """grad_strides' strides with x's shape (a plain tuple) appended: what torch.empty_strided takes."""
-    return None if strides is None else (*strides, tuple(x.shape))
+    # then the gradients' strides (None: contiguous), and q's, k's and delta's shapes as plain tuples
+    return (*launches, gq, gk, tuple(q.shape), tuple(k.shape), tuple(q.shape[:-1]), prepared)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -435,7 +431,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
         if default:
             _BWD_PLANS[key] = plan
     (delta_k, delta_grid, delta_ints, delta_kw, _), (dkdv, dkdv_grid, dkdv_ints, dkdv_kw, dkdv_fb), \
-        (dq_k, dq_grid, dq_ints, dq_kw, dq_fb), gq, gk, delta_shape, prepared = plan
+        (dq_k, dq_grid, dq_ints, dq_kw, dq_fb), gq, gk, q_shape, k_shape, delta_shape, prepared = plan
     if q.dim() == 4:                   # [Z, H, N, d] already (then all five are): no view objects to make
         q4, k4, v4, o4, do4 = q, k, v, o, do
     else:
@@ -444,11 +440,11 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
         dev = q.device
         delta = torch.empty(*delta_shape, dtype=torch.float32, device=dev)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format) if gq is None else \
-            torch.empty_strided(gq[4], gq[:4], dtype=q.dtype, device=dev)
+            torch.empty_strided(q_shape, gq, dtype=q.dtype, device=dev)
         dk, dv = (torch.empty_like(k, memory_format=torch.contiguous_format),
                   torch.empty_like(v, memory_format=torch.contiguous_format)) if gk is None else \
-            (torch.empty_strided(gk[4], gk[:4], dtype=k.dtype, device=dev),
-             torch.empty_strided(gk[4], gk[:4], dtype=v.dtype, device=dev))   # dV in dK's layout
+            (torch.empty_strided(k_shape, gk, dtype=k.dtype, device=dev),
+             torch.empty_strided(k_shape, gk, dtype=v.dtype, device=dev))   # dV in dK's layout
     else:
         delta = _new(q.shape[:-1], q, torch.float32)
         dq, dk, dv = _grad(q, gq), _grad(k, gk), _grad(v, gk)     # dV in dK's layout: one set of strides
@@ -464,10 +460,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
         if kind not in _compiled_backward:
             _compiled_backward.add(kind)
             compile_together(launches)
-    p_delta, p_dkdv, p_dq = prepared if default else (None, None, None)
-    _launch(delta_k, delta_grid, launches[0][2], delta_kw, False, p_delta)
-    _launch(dkdv, dkdv_grid, launches[1][2], dkdv_kw, dkdv_fb, p_dkdv)
-    _launch(dq_k, dq_grid, launches[2][2], dq_kw, dq_fb, p_dq)
+    for (kernel, grid, kernel_args, kwargs), fallback, prep in zip(launches, (False, dkdv_fb, dq_fb),
+                                                                   prepared if default else (None,) * 3):
+        _launch(kernel, grid, kernel_args, kwargs, fallback, prep)
     return dq, dk, dv
 
 
