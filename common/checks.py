@@ -68,9 +68,11 @@ def meta(x: torch.Tensor | None) -> tuple | None:
     """What a call's checks and decisions read of a tensor: (shape, strides, dtype, device); None for None.
 
     A wrapper keys its checked plan on these (lecture 3, "Host overhead"): a call whose inputs match a key
-    that passed the checks before passes them again, so it looks the plan up instead of checking (about
-    0.5 µs a tensor against 1-2 µs of checks). Anything else raises AttributeError or TypeError, and the
-    wrapper runs its checks, which say what is wrong."""
+    that passed the checks before passes them again, so it looks the plan up instead of checking and
+    deciding. That pays where the plan holds many checks and decisions (stage 8's gemv on the H100: 7.9 µs
+    for them against 1.8 µs for its key), not for a few checks (add_bias's three: about 1 µs either way).
+    Anything else raises AttributeError or TypeError, and the wrapper runs its checks, which say what is
+    wrong."""
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
 
 
