@@ -193,11 +193,6 @@ class Prepared:
         return ck
 
 
-def prepare(kernel, grid, **kwargs) -> Prepared:
-    """``fast(kernel).prepare(grid, **kwargs)``: see :class:`Prepared`."""
-    return Prepared(fast(kernel), grid, kwargs)
-
-
 def fast(kernel) -> Launcher:
     """The :class:`Launcher` of ``kernel``: ``fast(kernel)[grid](*args, **kwargs)`` is
     ``kernel[grid](*args, **kwargs)`` at about 0.6 of its host cost per launch (H100:

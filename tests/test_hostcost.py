@@ -103,10 +103,10 @@ def test_prepared_launch_launches_what_triton_launches():
     its shortcut is taken only for the first call's integers, each tensor's dtype and 16-byte alignment
     (a view one element in, fp16 after fp32) remembered; a float may change (Triton does not specialise
     it); another n goes through the launcher, still right; another stream is honoured."""
-    from common.launch import prepare
+    from common.launch import fast
     kernel = _copy_kernel()
     dev = common.DEVICE
-    prepared = {double: prepare(kernel, (cdiv(1000, 64),), BLOCK=64, DOUBLE=double) for double in (False, True)}
+    prepared = {double: fast(kernel).prepare((cdiv(1000, 64),), BLOCK=64, DOUBLE=double) for double in (False, True)}
     for _ in range(2):
         for n in (1000, 1000, 17):             # 17: not the integers the plan was made for
             for dtype in (torch.float32, torch.float16):
