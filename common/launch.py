@@ -60,10 +60,11 @@ class Launcher:
     ``kernel[grid]``.
     """
 
-    __slots__ = ("kernel", "_cache", "_device", "_binder")
+    __slots__ = ("kernel", "_cache", "_device", "_binder", "_prepared")
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
+        self._prepared: dict = {}    # (grid, *kwargs items) -> Prepared: run's launches of plain-kind calls
         self._cache: dict = {}       # (device, specialisation, options, debug, instrumentation) -> CompiledKernel
         self._device = -1            # the device of the last launch, and Triton's binder there
         self._binder = None
@@ -76,7 +77,27 @@ class Launcher:
         return Prepared(self, grid, kwargs)
 
     def run(self, grid, *args, **kwargs):
-        """``kernel[grid](*args, **kwargs)``; returns the compiled kernel, as Triton does."""
+        """``kernel[grid](*args, **kwargs)``; returns the compiled kernel, as Triton does.
+
+        A grid of integers with constexprs and options of plain kinds (int, bool, str, float, None) is a
+        :class:`Prepared` launch's key: a call like one before it (the same grid, constexprs and options,
+        and integers, each tensor's dtype and alignment as a call before) skips Triton's binder. So a
+        student's ``fast(kernel)[grid](...)`` costs about what a plan's prepared launch costs."""
+        if self._binder is not None and type(grid) is tuple:
+            try:
+                key = (grid, *kwargs.items(), *map(type, kwargs.values()))   # typed: 1, 1.0 and True are equal
+                prepared = self._prepared.get(key)
+            except TypeError:                  # an unhashable grid or constexpr
+                return self._run(grid, *args, **kwargs)
+            if prepared is None:
+                if len(self._prepared) >= MAX_PREPARED or not all(type(v) in _PLAIN for v in kwargs.values()):
+                    return self._run(grid, *args, **kwargs)   # full, or a tensor given by name
+                prepared = self._prepared[key] = Prepared(self, grid, kwargs)
+            return prepared(*args)
+        return self._run(grid, *args, **kwargs)
+
+    def _run(self, grid, *args, **kwargs):
+        """:meth:`run` without the prepared launches: Triton's binder, then this launcher's key."""
         device = torch._C._cuda_getDevice() if self._binder is not None else None
         if device != self._device or _hooked():
             return self._first(grid, args, kwargs)
@@ -127,42 +148,58 @@ class Prepared:
     a multiple of 16? its width), each tensor's dtype and 16-byte alignment, the constexprs and options.
     So, past a plan's first call, this skips Triton's binder and the launcher's key (about 16 µs of the
     34 µs that a 27-argument gemv launch cost through :class:`Launcher` on one H100 host) and asks only
-    what can change: the current device, the launch hooks, each tensor's dtype and alignment, and that
-    every other argument but a float equals the first call's (floats are not specialised). Any answer
-    that differs goes through :class:`Launcher` (correct, as slow as before); a new dtype or alignment is
-    remembered after that. ``args`` are the kernel's runtime arguments in its order, positionally; the
+    what can change: the current device, the launch hooks, each tensor's dtype, 16-byte alignment and
+    that it is on the GPU, and the integers (floats are not specialised). A launch made before for the
+    same answers is reused (at most MAX_PREPARED of them); any other call goes through :class:`Launcher`
+    (correct, as slow as before) and is remembered for the next. The launch takes each tensor's address
+    as an integer: given a tensor, the native launch calls its ``data_ptr()`` and asks the driver about
+    the pointer (about 4 µs of a 27-argument launch on the H100 host). A tensor passed at several
+    positions (a wrapper's placeholder for unused pointers) is asked about once, while later calls pass
+    it the same way. ``args`` are the kernel's runtime arguments in its order, positionally; the
     constexprs and options go in ``kwargs`` once, here. Under the interpreter, or with a Triton release
     other than FAST_TRITON, every call goes through the launcher.
     """
 
-    __slots__ = ("launcher", "grid", "kwargs", "ready", "device", "tensor_at", "fixed_at", "fixed", "tail",
-                 "kernels")
+    __slots__ = ("launcher", "grid", "kwargs", "ready", "device", "tensor_at", "same_at", "fixed_at", "tail", "kernels")
 
     def __init__(self, launcher: Launcher, grid, kwargs: dict) -> None:
         self.launcher, self.grid, self.kwargs = launcher, grid, kwargs
         self.ready = False
-        self.kernels: dict = {}        # the tensors' (dtype, 16-byte aligned) -> (compiled kernel, native launch, grid)
+        self.kernels: dict = {}        # (the integers, *each tensor's (dtype, 16-byte aligned)) -> (compiled kernel,
+                                       # native launch, grid)
 
     def __call__(self, *args):
         if self.ready and torch._C._cuda_getDevice() == self.device and not _hooked():
             try:
-                same = tuple([args[i] for i in self.fixed_at]) == self.fixed
-                hit = self.kernels.get(tuple([(args[i].dtype, args[i].data_ptr() & 15 == 0) for i in self.tensor_at]))
+                a = list(args)
+                key = [tuple([a[i] for i in self.fixed_at])]
+                for i in self.tensor_at:       # each tensor's address goes to the launch as an integer: the
+                    t = a[i]                   # native launch then skips its data_ptr() and a driver query
+                    ptr = a[i] = t.data_ptr()
+                    key.append((t.dtype, ptr & 15 == 0, t.is_cuda))
+                for i, j in self.same_at:      # one tensor passed again (a wrapper's placeholder for an unused
+                    if args[i] is not args[j]:     # pointer): asked once, as the first call passed it
+                        raise TypeError
+                    a[i] = a[j]
+                hit = self.kernels.get(tuple(key))
             except (AttributeError, IndexError, RuntimeError, TypeError):   # not the arguments of the first call
-                same = False
-            if same and hit is not None:
+                hit = None
+            if hit is not None:
                 ck, direct, g = hit
-                direct[0](g[0], g[1], g[2], _raw_stream(self.device), ck.function, direct[1], direct[2], None, None,
-                          ck.packed_metadata, None, None, None, *args, *self.tail)
-                return ck
+                try:
+                    direct[0](g[0], g[1], g[2], _raw_stream(self.device), ck.function, direct[1], direct[2], None,
+                              None, ck.packed_metadata, None, None, None, *a, *self.tail)
+                    return ck
+                except TypeError:      # a float equal to the first call's int (1.0 == 1): not that kernel's call
+                    pass               # (the native launch parses its arguments before it launches anything)
         return self._through_launcher(args)
 
     def _through_launcher(self, args: tuple):
         """The launch through :class:`Launcher`; then, where it can, what a later call needs to skip it."""
         launcher = self.launcher
-        ck = launcher.run(self.grid, *args, **self.kwargs)
+        ck = launcher._run(self.grid, *args, **self.kwargs)
         binder = launcher._binder
-        if binder is None or ck is None or hasattr(ck, "result") or _hooked():
+        if binder is None or ck is None or hasattr(ck, "result") or _hooked() or len(self.kernels) >= MAX_PREPARED:
             return ck
         direct = _direct(ck)
         if direct is None:
@@ -173,23 +210,33 @@ class Prepared:
         if len(values) < n or any(v is not a for v, a in zip(values, args)):
             return ck                  # the arguments are not the kernel's first n, in order: no shortcut
         if not self.ready:
-            tensor_at, fixed_at = [], []
+            tensor_at, same_at, fixed_at, first = [], [], [], {}
             for i, (a, sp) in enumerate(zip(args, spec)):
                 if isinstance(a, torch.Tensor):
-                    tensor_at.append(i)
+                    if id(a) in first:
+                        same_at.append((i, first[id(a)]))
+                    else:
+                        first[id(a)] = i
+                        tensor_at.append(i)
                 elif not (isinstance(a, float) and sp[1] is None):   # a float Triton does not specialise: free
                     fixed_at.append(i)
-            self.tensor_at, self.fixed_at = tensor_at, fixed_at
-            self.fixed = tuple([args[i] for i in fixed_at])
+            self.tensor_at, self.same_at, self.fixed_at = tensor_at, same_at, fixed_at
             self.tail = tuple(values[n:])
             self.device = launcher._device
             self.ready = True
-        elif tuple([args[i] for i in self.fixed_at]) != self.fixed or launcher._device != self.device:
+        elif launcher._device != self.device or any(isinstance(args[i], torch.Tensor) for i in self.fixed_at) \
+                or not all(isinstance(args[i], torch.Tensor) for i in self.tensor_at) \
+                or any(args[i] is not args[j] for i, j in self.same_at):
             return ck                  # a call this plan was not made for: it keeps going through the launcher
         g = self.grid(bound) if callable(self.grid) else self.grid
         g = (*g, 1, 1)[:3]
-        key = tuple([(args[i].dtype, args[i].data_ptr() & 15 == 0) for i in self.tensor_at])
-        self.kernels[key] = (ck, direct, g)
+        try:
+            key = (tuple([args[i] for i in self.fixed_at]),
+                   *[(args[i].dtype, args[i].data_ptr() & 15 == 0, args[i].is_cuda) for i in self.tensor_at])
+            if key not in self.kernels:    # kept: an equal key of another kind (1.0 after 1) stays on the launcher
+                self.kernels[key] = (ck, direct, g)
+        except TypeError:                  # an argument that cannot be a key
+            pass
         return ck
 
 
@@ -223,6 +270,13 @@ def _hooked() -> bool:
     except AttributeError:               # a hook set as a plain function (or None)
         return _RT.launch_enter_hook is not None or _RT.launch_exit_hook is not None
 
+
+#: At most this many prepared launches a launcher makes for run's calls, and kernels a prepared launch keeps
+#: (a grid that follows a varying length would otherwise grow them without end); past it, the launcher's path.
+MAX_PREPARED = 64
+
+#: The kinds of constexpr and option values a launcher's run keys a prepared launch on.
+_PLAIN = frozenset((int, bool, str, float, type(None)))
 
 #: The Triton release whose launcher internals :class:`Launcher` relies on (the binder's results, the
 #: device cache's layout, ``CompiledKernel.run``'s arguments, the CUDA launcher's attributes): tested

@@ -100,27 +100,41 @@ def test_launcher_launches_what_triton_launches():
 
 def test_prepared_launch_launches_what_triton_launches():
     """A plan's prepared launch (common.launch.Prepared) gives the kernel Triton would pick for every call:
-    its shortcut is taken only for the first call's integers, each tensor's dtype and 16-byte alignment
-    (a view one element in, fp16 after fp32) remembered; a float may change (Triton does not specialise
-    it); another n goes through the launcher, still right; another stream is honoured."""
+    its shortcut is taken only for integers, dtypes and 16-byte alignments (a view one element in, fp16
+    after fp32) a call before it had; a float may change (Triton does not specialise it); another n is a
+    kernel of its own; an int where a float was (2, then 2.0) is not taken for it; another stream is
+    honoured. ``fast(kernel)[grid](...)`` with a grid of integers makes and keeps such launches itself."""
     from common.launch import fast
     kernel = _copy_kernel()
     dev = common.DEVICE
     prepared = {double: fast(kernel).prepare((cdiv(1000, 64),), BLOCK=64, DOUBLE=double) for double in (False, True)}
+    run = fast(kernel)
     for _ in range(2):
-        for n in (1000, 1000, 17):             # 17: not the integers the plan was made for
+        for n in (1000, 1000, 17):             # 17: not the integers the plan was first called with
             for dtype in (torch.float32, torch.float16):
                 for offset in (0, 1, 0):
-                    for double, scale in ((False, 2.0), (True, 1.0), (True, 4.0)):
+                    for double, scale in ((False, 2.0), (True, 1.0), (True, 4.0), (False, 2), (True, 2), (True, 2.0)):
                         x = torch.randn(n + offset, device=dev).to(dtype)[offset:]
                         y = torch.full_like(x, float("nan"))
-                        prepared[double](x, y, n, scale)
+                        if type(scale) is int or scale == 2.0:     # the launcher's own prepared launches
+                            run[(cdiv(n, 64),)](x, y, n, scale, BLOCK=64, DOUBLE=double)
+                        else:
+                            prepared[double](x, y, n, scale)
                         expect = (x.float() * scale * (2 if double else 1)).to(dtype)   # exact: powers of 2
                         torch.testing.assert_close(y, expect, rtol=0, atol=0,
                                                    msg=f"n={n} {dtype} +{offset} {double} {scale}")
+    inplace = fast(kernel).prepare((cdiv(1000, 64),), BLOCK=64, DOUBLE=False)
+    for same in (True, True, False, True):     # one tensor at two positions (asked once), then two tensors
+        x = torch.randn(1000, device=dev)
+        y = x if same else torch.empty_like(x)
+        expect = 2 * x
+        inplace(x, y, 1000, 2.0)
+        torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"same={same}")
     if common.HAS_CUDA:
-        p = prepared[True]
-        assert p.ready and p.fixed == (1000,) and len(p.kernels) == 4   # {fp32, fp16} x {aligned, not}
+        assert inplace.same_at == [(1, 0)] and len(inplace.kernels) == 1
+        p = prepared[True]                     # {1000, 17} x {fp32, fp16} x {aligned, not}
+        assert p.ready and len(p.kernels) == 8 and {key[0] for key in p.kernels} == {(1000,), (17,)}
+        assert len(run._prepared) == 4         # (grid: n 1000 or 17) x (DOUBLE False or True)
         s = torch.cuda.Stream()
         x = torch.randn(1000, device=dev)
         y = torch.zeros_like(x)
