@@ -245,8 +245,8 @@ def test_crash_and_hang_fail_only_their_stage(tmp_path):
 def test_a_crashing_test_is_named(tmp_path):
     """A test that kills pytest (an abort, a segfault in an extension) is reported by name and signal."""
     sub = _submission(tmp_path, {"a03_fused_linear/add_bias.py": [
-        ("    out = torch.empty_like(y, memory_format=torch.contiguous_format)\n",
-         "    __import__('os').abort()\n    out = torch.empty_like(y, memory_format=torch.contiguous_format)\n")]})
+        ("    out = torch.empty_like(y) if y.is_contiguous() else",
+         "    __import__('os').abort()\n    out = torch.empty_like(y) if y.is_contiguous() else")]})
     report, gs, table = _grade(sub, tmp_path, "a03", "--timeout", "120")
     _validate_gradescope(gs)
     msg = report["stages"][0]["message"]

@@ -558,9 +558,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
         call = _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl)
         if key is not None:
             _CALLS[key] = call
-    m, n, k, out_shape, grid, per, launch = call
+    m, n, k, out_shape, grid, per, launch, kept = call
     if out is None:
-        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+        out = x.new_empty(out_shape)   # x's dtype and device (cheaper to parse than torch.empty's keywords)
     if m == 0 or n == 0:
         return out
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
@@ -571,31 +571,42 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
             r2 = r2.contiguous()
     else:
         r2 = y2                                                    # unused
-    if kv_cache is not None:
-        kc, vc, start = kv_cache
-        kv_args = (kc, vc, start, kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[2], kc.shape[3])
-    else:
-        kv_args = (y2, y2, y2, 0, 0, 0, 0, 1)                     # unused
-    if grid[1] > 1:
-        part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
-        count = _counters(x.device, grid[0])
-    else:
-        part = count = y2                                          # unused
+    kv = kv_cache if kv_cache is not None else (y2, y2, y2)       # unused without it
+    part, count, ints, kv_ints = kept
+    if ints is None:                   # the key's first call: the integers follow from the key's metadata
+        ints = (m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0))
+        kc = kv[0]
+        kv_ints = (kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[2], kc.shape[3]) if kv_cache is not None \
+            else (0, 0, 0, 0, 1)
+        if grid[1] > 1:                # split-K: partial sums (a workspace of the key) and ticket counters
+            part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
+            count = _counters(x.device, grid[0])
+        else:
+            part = count = y2          # unused
+        if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            kept[:] = part if grid[1] > 1 else None, count if grid[1] > 1 else None, ints, kv_ints
+            # (kept from the key's first call; a workspace made while a graph is captured is the graph's)
+    elif part is None:
+        part = count = y2
     launch(x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
-           m, n, k, per, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y2.stride(0), r2.stride(0), float(eps),
-           *kv_args)
+           *ints, float(eps), *kv, *kv_ints)
     return out
 
 
-#: gemv's calls per key (the tensors' metadata and the options): (M, N, K, the output's shape, the plan),
-#: made by _checked_call on a key's first call, looked up after that: a call pays its key and a dict lookup
-#: for the checks and the decisions, which depend on nothing else (lecture 3, "Host overhead").
+#: gemv's calls per key (the tensors' metadata and the options): (M, N, K, the output's shape, the plan,
+#: [split-K partial sums, ticket counters, the launch's integers]), made by _checked_call on a key's first call, looked up after that: a call
+#: pays its key and a dict lookup for the checks and the decisions, which depend on nothing else (lecture 3,
+#: "Host overhead"). The partial sums are a workspace of the key, allocated once (an allocation costs about
+#: as much host time as the launch): calls in one stream's order use it one after the other, as they use
+#: the device's ticket counters; split-K calls on two streams at once would share both.
 _CALLS: dict[tuple, tuple] = {}
 
 
 def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl) -> tuple:
     """The checks of a gemv call (a clear error for a bad input) and its decisions:
-    (M, N, K, the output's shape, grid, rows of W per split, the prepared launch: common.launch.Prepared)."""
+    (M, N, K, the output's shape, grid, rows of W per split, the prepared launch: common.launch.Prepared,
+    [split-K partial sums, ticket counters, the launch's integers, the KV cache's]: Nones until the key's
+    first call outside a graph capture fills them)."""
     check_tensor(x, "x", min_ndim=1)
     check_tensor(w, "w", ndim=2)
     check_same(x, w, "x, w")
@@ -636,7 +647,7 @@ def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, co
             raise TypeError("kv_cache: expected (k_cache, v_cache, start)")
         _check_kv(x2, n, *kv_cache)
     if m == 0 or n == 0:
-        return m, n, k, out_shape, None, None, None
+        return m, n, k, out_shape, None, None, None, [None] * 4
     k_contig = w.stride(0) == 1 and k > 1
     key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl),
            residual is not None, ln_colsum is not None, kv_cache is not None)
@@ -650,4 +661,4 @@ def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, co
         if key is not None:
             _PLANS[key] = plan
     grid, per, kwargs = plan
-    return m, n, k, out_shape, grid, per, fast(_matvec_kernel).prepare(grid, **kwargs)
+    return m, n, k, out_shape, grid, per, fast(_matvec_kernel).prepare(grid, **kwargs), [None, None, None, None]

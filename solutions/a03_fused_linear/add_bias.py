@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common.checks import check_same, check_tensor
+from common.checks import FLOAT_DTYPES, check_same, check_tensor
 from common.launch import cdiv, fast, next_power_of_2
 
 
@@ -54,6 +54,12 @@ def _launch(y2: torch.Tensor, b: torch.Tensor, out2: torch.Tensor) -> None:
 
 
 def _check(y: torch.Tensor, b: torch.Tensor) -> None:
+    # The common case first, in one expression of cheap attributes (host time on every call: lecture 3,
+    # "Host overhead"); anything else runs the checks below, which say what is wrong.
+    if isinstance(y, torch.Tensor) and isinstance(b, torch.Tensor) and y.is_cuda and b.is_cuda \
+            and y.get_device() == b.get_device() and y.dtype == b.dtype and y.dtype in FLOAT_DTYPES \
+            and b.dim() == 1 and y.dim() >= 1 and b.shape[0] == y.shape[-1]:
+        return
     check_tensor(y, "y", min_ndim=1)
     check_tensor(b, "b", ndim=1)
     check_same(y, b, "add_bias(y, b)")
@@ -77,7 +83,7 @@ def add_bias(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     N = y.shape[-1]
     # empty_like, not torch.empty(y.shape, ...): a torch.Size argument costs the parser more than the
     # allocation itself (lecture 3, "Host overhead")
-    out = torch.empty_like(y, memory_format=torch.contiguous_format)
+    out = torch.empty_like(y) if y.is_contiguous() else torch.empty_like(y, memory_format=torch.contiguous_format)
     if out.numel():
         # [rows, N] views; a 2-D y already is one (a view object costs host time: lecture 3, "Host overhead")
         y2, out2 = (y, out) if y.dim() == 2 else (y.reshape(-1, N), out.view(-1, N))
@@ -98,7 +104,7 @@ def add_bias_(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if y.numel() == 0:
         return y
     try:
-        y2 = y.view(-1, N)
+        y2 = y if y.dim() == 2 else y.view(-1, N)   # a 2-D y is its own [rows, N] view, whatever its strides
     except RuntimeError:
         raise ValueError(f"add_bias_: y with shape {tuple(y.shape)} and strides {y.stride()} cannot be "
                          "viewed as [rows, N] without a copy; pass a contiguous y") from None

@@ -23,7 +23,7 @@ from torch import nn
 
 from common.checks import check_tensor
 
-from .add_bias import add_bias_
+from .add_bias import _launch, add_bias_  # noqa: F401  (add_bias_: the public in-place op, as the handout names it)
 
 BACKENDS = ("addmm", "triton")
 
@@ -74,24 +74,30 @@ class FusedLinear(nn.Module):
         # with the bias in its epilogue (backend "addmm") or GEMM + add_bias_ ("triton").
         # STUB: raise NotImplementedError("a03: implement FusedLinear.forward")
         # SOLUTION
-        w = self.weight_t
-        in_f = w.shape[0]
-        # One cheap test on the hot path (a small layer's GPU time is a few microseconds);
-        # the detailed checks, with their messages, run only when something is off.
-        if not isinstance(x, torch.Tensor) or x.device != w.device or x.dtype != w.dtype or x.dim() < 1 \
-                or x.shape[-1] != in_f:
-            check_tensor(x, "x", device=w.device.type, dtypes=[w.dtype], min_ndim=1)
+        # Host time is most of a small layer's call (lecture 3, "Host overhead"): self.weight would go
+        # through nn.Module.__getattr__ (about a microsecond a read); the parameters' dict is one lookup.
+        params = self._parameters
+        weight, bias = params["weight"], params.get("bias")    # no bias: not a parameter (None)
+        in_f = weight.shape[1]
+        # One cheap test on the hot path (a small layer's GPU time is a few microseconds); the detailed
+        # checks, with their messages, run only when something is off. Devices compare by index (an int;
+        # .device makes an object), and by .device only off the GPU.
+        if not isinstance(x, torch.Tensor) or x.dtype != weight.dtype or x.dim() < 1 or x.shape[-1] != in_f \
+                or x.get_device() != weight.get_device() or not (x.is_cuda or x.device == weight.device):
+            check_tensor(x, "x", device=weight.device.type, dtypes=[weight.dtype], min_ndim=1)
             if x.shape[-1] != in_f:
                 raise ValueError(f"x: expected shape [..., {in_f}] (in_features), got {tuple(x.shape)}")
-            raise ValueError(f"x: expected a tensor on {w.device}, got one on {x.device}")
+            raise ValueError(f"x: expected a tensor on {weight.device}, got one on {x.device}")
         flat = x.dim() == 2                  # [rows, in_features] already: no views to make (host time)
         x2 = x if flat else x.reshape(-1, in_f)
-        bias = self.bias
+        w = weight.t()                       # W^T, a view
         if bias is None:
-            y = x2 @ w
+            y = torch.mm(x2, w)
         elif self.backend == "addmm":
             y = torch.addmm(bias, x2, w)
         else:
-            y = add_bias_(x2 @ w, bias)
-        return y if flat else y.view(*x.shape[:-1], w.shape[1])
+            y = torch.mm(x2, w)
+            if y.numel():                    # add_bias_'s launch without its checks: this layer checked x, and
+                _launch(y, bias.contiguous(), y)   # y is the GEMM's fresh [rows, out]; bias was checked at init
+        return y if flat else y.view(*x.shape[:-1], weight.shape[0])
         # END TODO(a03)

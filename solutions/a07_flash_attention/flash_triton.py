@@ -567,8 +567,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         kernel, grid, ints, kwargs, fallback, lse_shape, prepared = plan
         # the default options: no poison, so plain allocations (not torch.empty(q.shape, ...): a torch.Size
         # argument costs the parser more than the allocation itself; lecture 3, "Host overhead")
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+        o = torch.empty_like(q) if q.is_contiguous() else torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = q.new_empty(lse_shape, dtype=torch.float32)
         if q.dim() == 4:                        # [Z, H, N, d] already: no view objects to make
             _launch(kernel, grid, (q, k, v, o, lse, *ints), kwargs, fallback, prepared)
             return o, lse
@@ -650,14 +650,23 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     else:
         q4, k4, v4, o4, do4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o), _as4d(do)
     if default:    # no poison: plain allocations, their shapes as plain tuples (a torch.Size costs the parser)
-        dev = q.device
-        delta = torch.empty(*delta_shape, dtype=torch.float32, device=dev)
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format) if gq is None else \
-            torch.empty_strided(q_shape, gq, dtype=q.dtype, device=dev)
-        dk, dv = (torch.empty_like(k, memory_format=torch.contiguous_format),
-                  torch.empty_like(v, memory_format=torch.contiguous_format)) if gk is None else \
-            (torch.empty_strided(k_shape, gk, dtype=k.dtype, device=dev),
-             torch.empty_strided(k_shape, gk, dtype=v.dtype, device=dev))   # dV in dK's layout
+        delta = q.new_empty(delta_shape, dtype=torch.float32)
+        # a gradient in its tensor's own layout (q dense: the usual case) is an empty_like, cheaper to
+        # parse than empty_strided with its shape and strides
+        if gq is None:
+            dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        else:
+            dq = torch.empty_like(q) if q.stride() == gq else \
+                torch.empty_strided(q_shape, gq, dtype=q.dtype, device=q.device)
+        if gk is None:
+            dk, dv = (torch.empty_like(k, memory_format=torch.contiguous_format),
+                      torch.empty_like(v, memory_format=torch.contiguous_format))
+        elif k.stride() == gk and v.stride() == gk:
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+        else:                                                              # dV in dK's layout
+            dev = k.device
+            dk, dv = (torch.empty_strided(k_shape, gk, dtype=k.dtype, device=dev),
+                      torch.empty_strided(k_shape, gk, dtype=v.dtype, device=dev))
     else:
         delta = _new(q.shape[:-1], q, torch.float32)
         dq, dk, dv = _grad(q, gq), _grad(k, gk), _grad(v, gk)     # dV in dK's layout: one set of strides

@@ -36,7 +36,7 @@ MUTANTS = [
     Mutant("a03_fused_linear", "add_bias.py", "bias broadcast along the wrong axis",
            [("b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)", "b = tl.load(b_ptr + cols * 0, mask=col_ok, other=0.0)")]),
     Mutant("a03_fused_linear", "add_bias.py", "torch add instead of the kernel",
-           [("    out = torch.empty_like(y, memory_format=torch.contiguous_format)\n    if out.numel():\n        # [rows, N] views; a 2-D y already is one (a view object costs host time: lecture 3, \"Host overhead\")\n        y2, out2 = (y, out) if y.dim() == 2 else (y.reshape(-1, N), out.view(-1, N))\n        _launch(y2, b.contiguous(), out2)\n    return out",
+           [("    out = torch.empty_like(y) if y.is_contiguous() else torch.empty_like(y, memory_format=torch.contiguous_format)\n    if out.numel():\n        # [rows, N] views; a 2-D y already is one (a view object costs host time: lecture 3, \"Host overhead\")\n        y2, out2 = (y, out) if y.dim() == 2 else (y.reshape(-1, N), out.view(-1, N))\n        _launch(y2, b.contiguous(), out2)\n    return out",
              "    return y + b")]),
     Mutant("a03_fused_linear", "add_bias.py", "strided bias passed to the kernel as is",
            [("_launch(y2, b.contiguous(), out2)", "_launch(y2, b, out2)")]),
@@ -50,9 +50,10 @@ MUTANTS = [
            [("y = torch.addmm(bias, x2, w)", "y = torch.nn.functional.linear(x2, self.weight, bias)")],
            expect=("F.linear",)),
     Mutant("a03_fused_linear", "fused_linear.py", "F.linear as the triton backend",
-           [("y = add_bias_(x2 @ w, bias)", "y = torch.nn.functional.linear(x2, self.weight, bias)")]),
+           [("_launch(y, bias.contiguous(), y)", "y = torch.nn.functional.linear(x2, weight, bias)")]),
     Mutant("a03_fused_linear", "fused_linear.py", "no device/dtype check",
-           [("x.device != w.device or x.dtype != w.dtype or ", "")]),
+           [("x.dtype != weight.dtype or ", ""),
+            ("or x.get_device() != weight.get_device() or not (x.is_cuda or x.device == weight.device):", ":")]),
     # The grid rounded down: the last partial block of rows and columns is never written. The grader
     # says so: "N of M outputs never written ... check the grid and the mask" where some blocks ran, or
     # "the output was never written" where the shape drawn is smaller than one block (no program at all).
