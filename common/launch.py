@@ -148,7 +148,8 @@ class Prepared:
     a multiple of 16? its width), each tensor's dtype and 16-byte alignment, the constexprs and options.
     So, past a plan's first call, this skips Triton's binder and the launcher's key (about 16 µs of the
     34 µs that a 27-argument gemv launch cost through :class:`Launcher` on one H100 host) and asks only
-    what can change: the current device, the launch hooks, each tensor's dtype, 16-byte alignment and
+    what can change: the current device, the launch hooks, Triton's debug and instrumentation knobs
+    (the launcher's key has them), each tensor's dtype, 16-byte alignment and
     that it is on the GPU, and the integers (floats are not specialised). A launch made before for the
     same answers is reused (at most MAX_PREPARED of them); any other call goes through :class:`Launcher`
     (correct, as slow as before) and is remembered for the next. The launch takes each tensor's address
@@ -160,7 +161,8 @@ class Prepared:
     other than FAST_TRITON, every call goes through the launcher.
     """
 
-    __slots__ = ("launcher", "grid", "kwargs", "ready", "device", "tensor_at", "same_at", "fixed_at", "tail", "kernels")
+    __slots__ = ("launcher", "grid", "kwargs", "ready", "device", "debug", "instrumentation", "tensor_at", "same_at",
+                 "fixed_at", "tail", "kernels")
 
     def __init__(self, launcher: Launcher, grid, kwargs: dict) -> None:
         self.launcher, self.grid, self.kwargs = launcher, grid, kwargs
@@ -169,7 +171,8 @@ class Prepared:
                                        # native launch, grid)
 
     def __call__(self, *args):
-        if self.ready and torch._C._cuda_getDevice() == self.device and not _hooked():
+        if self.ready and torch._C._cuda_getDevice() == self.device and not _hooked() \
+                and _RT.debug == self.debug and _COMPILATION.instrumentation_mode == self.instrumentation:
             try:
                 a = list(args)
                 key = [tuple([a[i] for i in self.fixed_at])]
@@ -223,8 +226,11 @@ class Prepared:
             self.tensor_at, self.same_at, self.fixed_at = tensor_at, same_at, fixed_at
             self.tail = tuple(values[n:])
             self.device = launcher._device
+            self.debug, self.instrumentation = _RT.debug, _COMPILATION.instrumentation_mode   # compiled with
             self.ready = True
-        elif launcher._device != self.device or any(isinstance(args[i], torch.Tensor) for i in self.fixed_at) \
+        elif launcher._device != self.device or _RT.debug != self.debug \
+                or _COMPILATION.instrumentation_mode != self.instrumentation \
+                or any(isinstance(args[i], torch.Tensor) for i in self.fixed_at) \
                 or not all(isinstance(args[i], torch.Tensor) for i in self.tensor_at) \
                 or any(args[i] is not args[j] for i, j in self.same_at):
             return ck                  # a call this plan was not made for: it keeps going through the launcher
@@ -242,9 +248,10 @@ class Prepared:
 
 def fast(kernel) -> Launcher:
     """The :class:`Launcher` of ``kernel``: ``fast(kernel)[grid](*args, **kwargs)`` is
-    ``kernel[grid](*args, **kwargs)`` at about 0.6 of its host cost per launch (H100:
-    lectures/_tools/gpu/launch_time.py). The launcher lives on the kernel object (one per kernel,
-    made on its first use), not in this module."""
+    ``kernel[grid](*args, **kwargs)`` at a fraction of its host cost per launch (a grid of integers: a
+    :class:`Prepared` launch, about a bare Triton launch's cost for a 9-argument kernel on the H100;
+    lecture 3, §7). The launcher lives on the kernel object (one per kernel, made on its first use),
+    not in this module."""
     try:
         return kernel._course_launcher
     except AttributeError:

@@ -130,7 +130,7 @@ def test_weight_copied_per_call_is_caught_by_the_trials(tmp_path):
     """A FusedLinear that copies its weight on every call computes the right values: a test sees the
     copy (an extra aten.clone), and so do the grader's trials alone (common.kernel_check.input_copies)."""
     sub = _submission(tmp_path, {"a03_fused_linear/fused_linear.py": [
-        ("        w = self.weight_t\n", "        w = self.weight.clone().t()\n")]})
+        ("        w = weight.t()", "        w = weight.clone().t()")]})
     report, _, table = _grade(sub, tmp_path, "a03", "--no-tests")
     (st,) = report["stages"]
     assert st["correctness"] == "fail" and st["score"] == 0, table

@@ -132,6 +132,16 @@ def test_prepared_launch_launches_what_triton_launches():
         torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"same={same}")
     if common.HAS_CUDA:
         assert inplace.same_at == [(1, 0)] and len(inplace.kernels) == 1
+        from triton import knobs
+        launcher, debug = fast(kernel), knobs.runtime.debug
+        compiled = len(launcher._cache)
+        try:                                   # Triton's debug knob set after the first call: not that kernel
+            knobs.runtime.debug = True
+            x = torch.randn(1000, device=dev)
+            inplace(x, x, 1000, 2.0)
+            assert len(launcher._cache) == compiled + 1, "the prepared launch ignored Triton's debug knob"
+        finally:
+            knobs.runtime.debug = debug
         p = prepared[True]                     # {1000, 17} x {fp32, fp16} x {aligned, not}
         assert p.ready and len(p.kernels) == 8 and {key[0] for key in p.kernels} == {(1000,), (17,)}
         assert len(run._prepared) == 4         # (grid: n 1000 or 17) x (DOUBLE False or True)
