@@ -74,7 +74,9 @@ def pieces(name, call, kernel):
     g = (*g, 1, 1)[:3]
     vals = tuple(bound.values())
     rows = [("the whole call", call),
-            (f"fast(kernel)[grid](...) ({len(args)} args, {len(kwargs)} kwargs)", lambda: launcher.run(grid, *args, **kwargs)),
+            # Launcher._run: the launch through Triton's binder and the launcher's key (since 6732a1a,
+            # fast(kernel)[grid](...) itself takes a prepared launch for a grid of integers)
+            (f"fast(kernel)[grid](...) ({len(args)} args, {len(kwargs)} kwargs)", lambda: launcher._run(grid, *args, **kwargs)),
             ("Triton's binder alone", lambda: binder(*args, **kwargs))]
     if direct is not None:
         rows.append(("native launch alone", lambda: direct[0](g[0], g[1], g[2], raw(dev), ck.function, direct[1], direct[2],
