@@ -594,11 +594,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
 
 
 #: gemv's calls per key (the tensors' metadata and the options): (M, N, K, the output's shape, the plan,
-#: [split-K partial sums, ticket counters, the launch's integers]), made by _checked_call on a key's first call, looked up after that: a call
-#: pays its key and a dict lookup for the checks and the decisions, which depend on nothing else (lecture 3,
-#: "Host overhead"). The partial sums are a workspace of the key, allocated once (an allocation costs about
-#: as much host time as the launch): calls in one stream's order use it one after the other, as they use
-#: the device's ticket counters; split-K calls on two streams at once would share both.
+#: [split-K partial sums, ticket counters, the launch's integers]), made by _checked_call on a key's first
+#: call, looked up after that: a call pays its key and a dict lookup for the checks and the decisions, which
+#: depend on nothing else (lecture 3, "Host overhead"). The partial sums are a workspace of the key, allocated
+#: once (an allocation costs about as much host time as the launch): calls in one stream's order use it one
+#: after the other, as they use the device's ticket counters; split-K calls on two streams at once would
+#: share both.
 _CALLS: dict[tuple, tuple] = {}
 
 
