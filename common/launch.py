@@ -1,7 +1,7 @@
 """Cheap host work around a kernel launch (lecture 3, "Host overhead"; ``python -m common.hostcost``).
 
 At small shapes an eager call costs what the host spends on it, and a wrapper's Python can
-cost more than the launch itself. Three habits keep it small:
+cost more than the launch itself. Four habits keep it small:
 
 * integer helpers in plain Python: ``triton.cdiv`` and ``triton.next_power_of_2`` are
   ``@constexpr_function`` objects in Triton 3.x, about a microsecond or more per call from
@@ -11,7 +11,10 @@ cost more than the launch itself. Three habits keep it small:
   ``functools.lru_cache`` on a function of the key);
 * one registered-op dispatch only where it is needed: :func:`plain_eager` says when a call
   may run a custom op's body directly (plain tensors, nothing tracing, no autograd), and the
-  op keeps its registration for ``torch.compile``, fake tensors and traces.
+  op keeps its registration for ``torch.compile``, fake tensors and traces;
+* a launch that asks only what can change: :func:`fast` (``fast(kernel)[grid](...)``) and a plan's
+  :class:`Prepared` launch skip Triton's binder once a call like it has been made, and pass the
+  tensors' addresses as integers.
 """
 from __future__ import annotations
 
