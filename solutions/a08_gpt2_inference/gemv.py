@@ -644,12 +644,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
         if grid[1] > 1:                # split-K: partial sums (a workspace of the key) and ticket counters
             part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
             count = _counters(x.device, grid[0])
-        else:
-            part = count = y2          # unused
         if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            kept[:] = part if grid[1] > 1 else None, count if grid[1] > 1 else None, ints, kv_ints
-            # (kept from the key's first call; a workspace made while a graph is captured is the graph's)
-    elif part is None:
+            kept[:] = part, count, ints, kv_ints   # kept from the key's first call (a workspace made while a
+                                                   # graph is captured is the graph's)
+    if part is None:                   # no split-K: placeholders, unused
         part = count = y2
     launch(x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
            *ints, float(eps), *kv, *kv_ints)
