@@ -42,7 +42,9 @@ import torch.nn.functional as F
 #: Module-level harness state that legitimately changes while grading (caches, the interpreter's
 #: launch stack, the host-cost bench's lazily made bare kernel): not compared.
 RUNTIME_STATE = frozenset({"common.cuda_ext._LOADED", "common.interpreter_patch._current",
-                           "common.interpreter_patch.LAUNCH_LISTENERS", "common.hostcost._BARE"})
+                           "common.interpreter_patch.LAUNCH_LISTENERS", "common.hostcost._BARE",
+                           "common.native.reason", "common.native._module", "common.native._thread",
+                           "common.native._off", "common.native._plans", "common.native._kept"})
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _DATA = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex, type(None), torch.dtype)

@@ -200,6 +200,21 @@ class Prepared:
                     pass               # (the native launch parses its arguments before it launches anything)
         return self._through_launcher(args)
 
+    def compiled(self, *args):
+        """(compiled kernel, grid) that a call with ``args`` launches without the launcher, or None (no such
+        call made yet). :mod:`common.native` records a plan's launches from it."""
+        if not self.ready:
+            return None
+        try:
+            key = (tuple([args[i] for i in self.fixed_at]),
+                   *[(args[i].dtype, args[i].data_ptr() & 15 == 0, args[i].is_cuda) for i in self.tensor_at])
+            if any(args[i] is not args[j] for i, j in self.same_at):
+                return None
+            hit = self.kernels.get(key)
+        except (AttributeError, IndexError, RuntimeError, TypeError):
+            return None
+        return None if hit is None else (hit[0], hit[2])
+
     def _through_launcher(self, args: tuple):
         """The launch through :class:`Launcher`; then, where it can, what a later call needs to skip it."""
         launcher = self.launcher

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from common import TRITON_INTERPRET
+from common import TRITON_INTERPRET, native
 from common.checks import FLOAT_DTYPES, check_same, check_tensor, meta
 from common.launch import cdiv, fast
 from common.timing import compile_together
@@ -239,8 +239,9 @@ def _launch(kernel, grid, args: tuple, kwargs: dict, fallback: bool, prepared=No
     where the config does not fit the GPU's shared memory and ``fallback``, the first of smaller_configs
     that does (remembered: later calls launch it directly)."""
     if _smaller:                     # empty on a GPU where every config fits (the H100's 16-bit tables)
-        kwargs = _smaller.get((kernel, tuple(kwargs.items())), kwargs)
-        prepared = None
+        smaller = _smaller.get((kernel, tuple(kwargs.items())))
+        if smaller is not None:      # this launch fell back: the smaller config, through the launcher
+            kwargs, prepared = smaller, None
     try:
         if prepared is not None:
             prepared(*args)
@@ -472,7 +473,35 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     for (kernel, grid, kernel_args, kwargs), fallback, prep in zip(launches, (False, dkdv_fb, dq_fb),
                                                                    prepared if default else (None,) * 3):
         _launch(kernel, grid, kernel_args, kwargs, fallback, prep)
+    if default and q.dim() == 4 and key[:3] + key[5:] not in _NATIVE:
+        _native_plan(key[:3] + key[5:], q, k, v, o, lse, do, (delta, dq, dk, dv), launches, prepared)
     return dq, dk, dv
+
+
+#: Native plans (common.native) by forward key (meta(q), meta(k), meta(v), is_causal): once a key's backward
+#: has run from Python (every kernel compiled), its forward and backward replay from C++, so a training step
+#: runs no Python in the backward pass (lecture 3, "Host overhead"). -1: a key that cannot have one.
+_NATIVE: dict[tuple, int] = {}
+
+
+def _native_plan(key, q, k, v, o, lse, do, allocated, launches, prepared) -> None:
+    m = native.ext()                     # the first call starts the extension's build in the background
+    fwd = _FWD_PLANS.get((*key, True))
+    if m is None or fwd is None:
+        return                           # not built yet (or never: no GPU): ask again next time
+    if do.shape != o.shape or do.stride() != o.stride() or do.dtype != o.dtype or do.data_ptr() % 16:
+        return                           # a gradient in another layout than O's: ask again next time
+    delta, dq, dk, dv = allocated
+    _NATIVE[key] = -1                    # unless recorded below (a launch fallen back to smaller tiles is not)
+    fslots, bslots = [q, k, v, o, lse], [q, k, v, o, lse, do, delta, dq, dk, dv]
+    f = native.record(fwd[6], (q, k, v, o, lse, *fwd[2]), fslots)
+    b = [native.record(p, args, bslots) for p, (_, _, args, _) in zip(prepared, launches)]
+    if f is None or None in b:
+        return
+    pid = native.add_plan(([native.alloc(o), native.alloc(lse)], [f]), 3, [0, 1, 2, 3, 4], (q, k, v),
+                          ([native.alloc(t) for t in allocated], b), do, [7, 8, 9], 3)
+    if pid is not None:
+        _NATIVE[key] = pid
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -509,5 +538,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     except AttributeError:      # not tensors: attention_forward's checks say what is wrong
         grad = False
     if grad:
+        if _NATIVE:        # this key's native plan, past its first backward (common.native; lecture 3, §7)
+            try:
+                pid = _NATIVE.get((meta(q), meta(k), meta(v), bool(is_causal)), -1)
+            except (AttributeError, TypeError):
+                pid = -1
+            if pid >= 0 and _options[-1] is _DEFAULT and native.eager_ok(q, k, v):
+                o = native._module.apply(pid, q, k, v)
+                if o is not None:
+                    return o
         return FlashAttentionTriton.apply(q, k, v, is_causal)
     return attention_forward(q, k, v, bool(is_causal))[0]
