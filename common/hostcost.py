@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import DEVICE, HAS_CUDA, TRITON_INTERPRET
+from . import DEVICE, HAS_CUDA, TRITON_INTERPRET, native
 from .impl import Impl, add_impl_argument, command_line, results_dir
 
 #: The issue's floors: a course op may cost 1.5x the PyTorch op it replaces, or 1.5x a bare Triton
@@ -52,7 +52,7 @@ from .impl import Impl, add_impl_argument, command_line, results_dir
 OP_FACTOR, LAUNCH_FACTOR, TRAINING_FLOOR = 1.5, 1.5, 0.8
 FIELDS = ["kind", "key", "stage", "case", "kernels", "course_us", "torch_us", "bare_us", "ratio", "floor_us", "met",
           "course_host_us", "torch_host_us", "course_gpu_us", "torch_gpu_us", "clock", "course_1thread_us",
-          "torch_1thread_us"]
+          "torch_1thread_us", "course_python_us", "native"]
 
 
 # ----------------------------------------------------------------------------- the bare launch
@@ -391,15 +391,21 @@ def run_training(impl: Impl, log=print) -> list[dict]:
     """Eager autograd steps, flash (the impl's a07) vs SDPA, at TRAINING's shapes: ms per step, the
     speed ratio (SDPA time / flash time) and the floor (TRAINING_FLOOR at B·H 96-384)."""
     m = impl.load("a07_flash_attention.flash_triton")
+    ready = native.load(wait=True) is not None      # flash's native autograd (common.native), built once
+    log(f"[hostcost] native autograd: {'ready' if ready else 'unavailable: ' + native.reason}")
     rows = []
     for model, b, h, s in TRAINING:
         try:
             ours = training_step(lambda q, k, v: m.flash_attention(q, k, v, True), b, h, s)
             sdpa = training_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), b, h, s)
+
+            def python_autograd(step=ours):
+                with native.disabled():
+                    step()
             for _ in range(3):
                 ours()
                 sdpa()
-            c, t = interleaved_us([ours, sdpa], calls=10, runs=3)
+            c, t, cpy = interleaved_us([ours, sdpa, python_autograd], calls=10, runs=3)
             (ch, cg), (th, tg) = host_and_gpu_us(ours, calls=10, runs=3), host_and_gpu_us(sdpa, calls=10, runs=3)
             # The autograd engine runs a CUDA backward on its own device thread: with that off, the backward
             # runs on the calling thread (what the host loses to the hand-off between threads, see markdown()).
@@ -415,10 +421,12 @@ def run_training(impl: Impl, log=print) -> list[dict]:
                                             f"d 64, causal, bf16", 4, c, t, float("nan"),
                          TRAINING_FLOOR if in_range else float("nan"), met, ch, th, cg, tg, "cuda",
                          key=f"training_{model}_B{b}_S{s}"))
-        rows[-1].update(ratio=speed, course_1thread_us=c1, torch_1thread_us=t1)
+        rows[-1].update(ratio=speed, course_1thread_us=c1, torch_1thread_us=t1, course_python_us=cpy,
+                        native=native.replayed(m.flash_attention(*_gpt2_qkv(b, h, s, 64, "cuda", torch.bfloat16)[1](),
+                                                                 True)))
         log(f"[hostcost] training {model} B={b} H={h} S={s}: {c / 1e3:.3f} ms vs SDPA {t / 1e3:.3f} ms = {speed:.2f}x "
             f"(GPU alone {tg / cg:.2f}x; host {ch:.0f} vs {th:.0f} us; engine on one thread {c1 / 1e3:.3f} vs "
-            f"{t1 / 1e3:.3f} ms = {t1 / c1:.2f}x) {met}")
+            f"{t1 / 1e3:.3f} ms = {t1 / c1:.2f}x; Python autograd {cpy / 1e3:.3f} ms = {t / cpy:.2f}x) {met}")
     return rows
 
 
@@ -447,13 +455,19 @@ def markdown(rows: list[dict], command: str, device: str) -> str:
                 "back; host: issuing one step. Engine on one thread: the same eager steps under "
                 "`torch.autograd.set_multithreading_enabled(False)`. By default the autograd engine runs a CUDA "
                 "backward on its own device thread: the hand-off to it and back costs host time in every step, "
-                "and a backward written in Python (flash's) runs on a core that was idle.", "",
-                "| case | flash ms | SDPA ms | speed | met | GPU alone: flash / SDPA ms (speed) | host µs: flash / SDPA "
+                "and a backward written in Python runs on a core that was idle. Flash's forward and backward replay "
+                "from C++ once a shape's first backward has run (`common.native`; `native`: whether this step did); "
+                "Python autograd: the same step with that turned off (`autograd.Function` in Python), in the same "
+                "rounds.", "",
+                "| case | flash ms | SDPA ms | speed | met | native | flash, Python autograd ms (speed) "
+                "| GPU alone: flash / SDPA ms (speed) | host µs: flash / SDPA "
                 "| engine on one thread: flash / SDPA ms (speed) |",
-                "|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in train:
             out.append(f"| {r['case']} | {r['course_us'] / 1e3:.3f} | {r['torch_us'] / 1e3:.3f} | {r['ratio']:.2f}x | "
-                       f"{r['met'] or '-'} | {r['course_gpu_us'] / 1e3:.3f} / {r['torch_gpu_us'] / 1e3:.3f} "
+                       f"{r['met'] or '-'} | {'yes' if r.get('native') else 'no'} | " + (
+                           f"{r['course_python_us'] / 1e3:.3f} ({r['torch_us'] / r['course_python_us']:.2f}x)"
+                           if r.get("course_python_us") else "-") + f" | {r['course_gpu_us'] / 1e3:.3f} / {r['torch_gpu_us'] / 1e3:.3f} "
                        f"({r['torch_gpu_us'] / r['course_gpu_us']:.2f}x) | {r['course_host_us']:.0f} / "
                        f"{r['torch_host_us']:.0f} | " + (
                            f"{r['course_1thread_us'] / 1e3:.3f} / {r['torch_1thread_us'] / 1e3:.3f} "
