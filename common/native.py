@@ -16,7 +16,7 @@ course wrapper has already made and run once from Python:
   device; an input's 16-byte alignment not the one the kernels were compiled for): the wrapper then takes
   its Python path.
 
-The extension is built once per machine (about 40 s; cached like every course build, ``common.cuda_ext``),
+The extension is built once per machine (about 30 s; cached like every course build, ``common.cuda_ext``),
 in a background thread started by the first :func:`ext` call, so that no call waits for it: until it is
 ready, :func:`ext` returns None and wrappers use their Python path. ``load(wait=True)`` waits (the tests,
 the benches). ``COURSE_NATIVE=0`` turns it off. It needs a CUDA GPU, ``cuda.h`` (a CUDA toolkit) and
@@ -74,7 +74,7 @@ def _build() -> None:
         build_dir.mkdir(parents=True, exist_ok=True)
         fresh = not any(build_dir.glob("*.so"))
         if fresh:
-            print(f"[course] building native autograd in the background (about 40 s, once; cached in {build_dir})",
+            print(f"[course] building native autograd in the background (about 30 s, once; cached in {build_dir})",
                   file=sys.stderr, flush=True)
         _module = load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_include_paths=[include],
                        extra_ldflags=["-ldl"], build_directory=str(build_dir), verbose=False)

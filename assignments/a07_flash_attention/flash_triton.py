@@ -540,11 +540,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     if grad:
         if _NATIVE:        # this key's native plan, past its first backward (common.native; lecture 3, §7)
             try:
-                pid = _NATIVE.get((meta(q), meta(k), meta(v), bool(is_causal)), -1)
+                key = (meta(q), meta(k), meta(v), bool(is_causal))
+                pid = _NATIVE.get(key, -1)
             except (AttributeError, TypeError):
                 pid = -1
             if pid >= 0 and _options[-1] is _DEFAULT and native.eager_ok(q, k, v):
-                o = native._module.apply(pid, q, k, v)
+                try:
+                    o = native._module.apply(pid, q, k, v)
+                except RuntimeError:    # the driver refused the launch here: this key keeps the Python path
+                    _NATIVE[key], o = -1, None
                 if o is not None:
                     return o
         return FlashAttentionTriton.apply(q, k, v, is_causal)
