@@ -142,3 +142,22 @@ def test_a_launch_fallen_back_to_smaller_tiles_is_not_replayed(ext):
     for _ in range(2):
         _grads(leaves, FT.flash_attention(q, k, v, True), do)
     assert native.replayed(FT.flash_attention(q, k, v, True))
+
+
+@pytest.mark.gpu
+def test_a_launch_the_driver_refuses_falls_back_to_python(ext, monkeypatch):
+    leaves, (q, k, v) = _inputs((1, 2, 48, 64), torch.bfloat16)
+    do = torch.randn_like(q)
+    for _ in range(2):
+        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    key = (FT.meta(q), FT.meta(k), FT.meta(v), True)
+    assert FT._NATIVE[key] >= 0
+
+    class Refuses:
+        def apply(self, *args):
+            raise RuntimeError("native autograd: cuLaunchKernelEx failed with CUresult 1")
+    monkeypatch.setattr(native, "_module", Refuses())
+    out = FT.flash_attention(q, k, v, True)
+    assert out.grad_fn is not None and not native.replayed(out) and FT._NATIVE[key] == -1
+    with native.disabled():
+        assert torch.equal(out, FT.flash_attention(q, k, v, True))
