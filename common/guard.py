@@ -44,7 +44,7 @@ import torch.nn.functional as F
 RUNTIME_STATE = frozenset({"common.cuda_ext._LOADED", "common.interpreter_patch._current",
                            "common.interpreter_patch.LAUNCH_LISTENERS", "common.hostcost._BARE",
                            "common.native.reason", "common.native._module", "common.native._thread",
-                           "common.native._off", "common.native._plans", "common.native._kept"})
+                           "common.native._plans", "common.native._kept"})
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _DATA = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex, type(None), torch.dtype)

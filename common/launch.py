@@ -203,7 +203,7 @@ class Prepared:
     def compiled(self, *args):
         """(compiled kernel, grid) that a call with ``args`` launches without the launcher, or None (no such
         call made yet). :mod:`common.native` records a plan's launches from it."""
-        if not self.ready:
+        if not self.ready or _RT.debug != self.debug or _COMPILATION.instrumentation_mode != self.instrumentation:
             return None
         try:
             key = (tuple([args[i] for i in self.fixed_at]),

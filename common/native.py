@@ -16,6 +16,11 @@ course wrapper has already made and run once from Python:
   device; an input's 16-byte alignment not the one the kernels were compiled for): the wrapper then takes
   its Python path.
 
+What decides the path is the forward call (:func:`eager_ok` and the wrapper's options then): the backward
+of a replayed forward replays too, even inside a block that would send a new forward to Python
+(``native.disabled()``, stage 7's ``launch_options``), and a launch hook (a profiler such as proton) set
+between the two does not see its launches (torch.profiler, which reads CUPTI, does).
+
 The extension is built once per machine (about 30 s; cached like every course build, ``common.cuda_ext``),
 in a background thread started by the first :func:`ext` call, so that no call waits for it: until it is
 ready, :func:`ext` returns None and wrappers use their Python path. ``load(wait=True)`` waits (the tests,
@@ -172,7 +177,7 @@ def record(prepared: _launch.Prepared, args: tuple, slots: list[torch.Tensor]) -
         a = args[i]
         if isinstance(ty, str) and ty.startswith("*") and isinstance(a, torch.Tensor):
             at = [j for j, t in enumerate(slots) if t is a]
-            if not at:
+            if len(at) != 1:           # not a slot, or one tensor in several (a plan must not alias them)
                 return None
             params.append((0, at[0]))
         elif ty == "i32" and type(a) is int:

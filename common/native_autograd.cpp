@@ -23,17 +23,46 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-typedef CUresult (*LaunchEx)(const CUlaunchConfig*, CUfunction, void**, void**);
+// The driver entry points, from libcuda.so.1 as Triton's launcher takes them (no link to the CUDA libraries).
+struct Driver {
+  CUresult (*launch_ex)(const CUlaunchConfig*, CUfunction, void**, void**);
+  CUresult (*ctx_get_current)(CUcontext*);
+  CUresult (*device_get)(CUdevice*, int);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set_current)(CUcontext);
+};
 
-LaunchEx launch_ex() {
-  static LaunchEx f = [] {
+const Driver& driver() {
+  static Driver d = [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     TORCH_CHECK(lib, "native autograd: cannot open libcuda.so.1");
-    auto fn = reinterpret_cast<LaunchEx>(dlsym(lib, "cuLaunchKernelEx"));
-    TORCH_CHECK(fn, "native autograd: libcuda.so.1 has no cuLaunchKernelEx");
-    return fn;
+    Driver d;
+    auto get = [lib](const char* name) {
+      void* f = dlsym(lib, name);
+      TORCH_CHECK(f, "native autograd: libcuda.so.1 has no ", name);
+      return f;
+    };
+    d.launch_ex = reinterpret_cast<decltype(d.launch_ex)>(get("cuLaunchKernelEx"));
+    d.ctx_get_current = reinterpret_cast<decltype(d.ctx_get_current)>(get("cuCtxGetCurrent"));
+    d.device_get = reinterpret_cast<decltype(d.device_get)>(get("cuDeviceGet"));
+    d.primary_ctx_retain = reinterpret_cast<decltype(d.primary_ctx_retain)>(get("cuDevicePrimaryCtxRetain"));
+    d.ctx_set_current = reinterpret_cast<decltype(d.ctx_set_current)>(get("cuCtxSetCurrent"));
+    return d;
   }();
-  return f;
+  return d;
+}
+
+// A thread that never touched CUDA (a new Python thread, the autograd engine's device thread before its
+// first CUDA op) has no current context, and a launch there fails hard: make the device's primary context
+// (the one torch and Triton use) current, as Triton's launcher does before every launch.
+void ensure_context(int device) {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  TORCH_CHECK(d.ctx_get_current(&ctx) == CUDA_SUCCESS, "native autograd: cuCtxGetCurrent failed");
+  if (ctx != nullptr) return;
+  CUdevice dev;
+  TORCH_CHECK(d.device_get(&dev, device) == CUDA_SUCCESS && d.primary_ctx_retain(&ctx, dev) == CUDA_SUCCESS &&
+              d.ctx_set_current(ctx) == CUDA_SUCCESS, "native autograd: no CUDA context for device ", device);
 }
 
 // One parameter: kind 0 = the address of tensor slot `value`, 1 = int32, 2 = int64, 3 = 32-bit float bits.
@@ -78,7 +107,8 @@ struct Plan {
 std::mutex plans_mutex;
 std::vector<std::shared_ptr<const Plan>> plans;
 
-void run(const Step& step, std::vector<at::Tensor>& slots, const at::TensorOptions& like) {
+void run(const Step& step, std::vector<at::Tensor>& slots, const at::TensorOptions& like, int device) {
+  ensure_context(device);
   for (const auto& a : step.allocs)
     slots.push_back(at::empty_strided(a.sizes, a.strides, like.dtype(a.dtype)));
   // the current CUDA device's current stream, through c10's device-guard interface (no CUDA build of
@@ -106,7 +136,7 @@ void run(const Step& step, std::vector<at::Tensor>& slots, const at::TensorOptio
     }
     params[n] = &storage[n];
     params[n + 1] = &storage[n + 1];
-    CUlaunchAttribute attrs[4];
+    CUlaunchAttribute attrs[4] = {};
     unsigned na = 0;
     if (l.pdl) {
       attrs[na].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -125,6 +155,9 @@ void run(const Step& step, std::vector<at::Tensor>& slots, const at::TensorOptio
       attrs[na].value.clusterDim.y = 1;
       attrs[na].value.clusterDim.z = 1;
       ++na;
+      attrs[na].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+      attrs[na].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+      ++na;
     }
     CUlaunchConfig config{};
     config.gridDimX = l.grid[0] * l.ctas;
@@ -138,7 +171,7 @@ void run(const Step& step, std::vector<at::Tensor>& slots, const at::TensorOptio
     config.attrs = attrs;
     config.numAttrs = na;
     if (config.gridDimX * config.gridDimY * config.gridDimZ == 0) continue;
-    CUresult r = launch_ex()(&config, l.fn, params.data(), nullptr);
+    CUresult r = driver().launch_ex(&config, l.fn, params.data(), nullptr);
     TORCH_CHECK(r == CUDA_SUCCESS, "native autograd: cuLaunchKernelEx failed with CUresult ", static_cast<int>(r));
   }
 }
@@ -153,7 +186,7 @@ struct Native : public torch::autograd::Function<Native> {
     }
     std::vector<at::Tensor> slots{a, b, c};
     slots.reserve(3 + plan->fwd.allocs.size());
-    run(plan->fwd, slots, a.options());
+    run(plan->fwd, slots, a.options(), plan->device);
     variable_list saved;
     for (auto s : plan->saved) saved.push_back(slots[s]);
     ctx->save_for_backward(saved);
@@ -179,7 +212,7 @@ struct Native : public torch::autograd::Function<Native> {
       g = h;
     }
     slots.push_back(g);
-    run(plan->bwd, slots, o.options());
+    run(plan->bwd, slots, o.options(), plan->device);
     variable_list out;
     for (auto s : plan->grads) out.push_back(s >= 0 ? slots[s] : at::Tensor());
     out.push_back(at::Tensor());     // the plan id

@@ -161,3 +161,72 @@ def test_a_launch_the_driver_refuses_falls_back_to_python(ext, monkeypatch):
     assert out.grad_fn is not None and not native.replayed(out) and FT._NATIVE[key] == -1
     with native.disabled():
         assert torch.equal(out, FT.flash_attention(q, k, v, True))
+
+
+@pytest.mark.gpu
+def test_one_tensor_as_q_k_and_v_records_no_plan_for_other_calls(ext):
+    """flash_attention(x, x, x) has the key of three separate tensors of x's shape: a plan recorded from it
+    would read q at k's and v's places for them. No plan from it, and later separate calls of that key get
+    their own answers (from the Python path: the key's prepared launches keep the first call's aliasing)."""
+    x = torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn_like(x)
+    for _ in range(2):
+        _grads(x, FT.flash_attention(x, x, x, True), do)
+    key = (FT.meta(x),) * 3 + (True,)
+    assert FT._NATIVE.get(key, -1) < 0
+    leaves, (q, k, v) = _inputs(tuple(x.shape), torch.bfloat16)
+    with native.disabled():
+        ref = FT.flash_attention(q, k, v, True)
+        ref_g = _grads(leaves, ref, do)
+    for _ in range(3):
+        out = FT.flash_attention(q, k, v, True)
+        assert torch.equal(out, ref)
+        for a, b in zip(_grads(leaves, out, do), ref_g):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_a_thread_that_never_used_cuda_replays(ext):
+    """A new thread has no current CUDA context: the extension makes the device's primary one current (as
+    Triton's launcher does) instead of failing the launch."""
+    import threading
+    leaves, (q, k, v) = _inputs((1, 2, 56, 64), torch.bfloat16)
+    do = torch.randn_like(q)
+    with native.disabled():
+        ref = FT.flash_attention(q, k, v, True)
+        ref_g = _grads(leaves, ref, do)
+    for _ in range(2):
+        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    got = {}
+
+    def work():
+        try:
+            out = FT.flash_attention(q, k, v, True)
+            got["replayed"], got["out"] = native.replayed(out), out
+            got["grads"] = _grads(leaves, out, do)
+        except Exception as e:  # noqa: BLE001 - reported below
+            got["error"] = repr(e)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in got, got["error"]
+    assert got["replayed"] and torch.equal(got["out"], ref)
+    for a, b in zip(got["grads"], ref_g):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_a_plan_replays_one_tensor_as_q_k_and_v(ext):
+    """The other way round: a plan recorded from separate q, k, v, replayed on flash_attention(x, x, x)."""
+    leaves, (q, k, v) = _inputs((1, 2, 44, 64), torch.bfloat16)
+    do = torch.randn_like(q)
+    for _ in range(2):
+        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    x = q.detach().clone().requires_grad_()
+    with native.disabled():
+        ref = FT.flash_attention(x, x, x, True)
+        (ref_g,) = _grads(x, ref, do)
+    out = FT.flash_attention(x, x, x, True)
+    assert native.replayed(out) and torch.equal(out, ref)
+    (g,) = _grads(x, out, do)
+    assert torch.equal(g, ref_g)

@@ -178,7 +178,8 @@ _options = [LaunchOptions()]   # a stack; only launch_options changes it (backwa
 @contextlib.contextmanager
 def launch_options(**options):
     """``with launch_options(tune=True):`` / ``(fwd={...})`` / ``(poison=True)``: the calls inside
-    launch that way (``LaunchOptions``), backward passes included; as before after the block."""
+    launch that way (``LaunchOptions``), backward passes included; as before after the block. (The
+    backward of a forward replayed from C++ before the block, common.native, replays as it was recorded.)"""
     _options.append(LaunchOptions(**options))
     try:
         yield _options[-1]
@@ -491,9 +492,12 @@ def _native_plan(key, q, k, v, o, lse, do, allocated, launches, prepared) -> Non
         return                           # not built yet (or never: no GPU): ask again next time
     if do.shape != o.shape or do.stride() != o.stride() or do.dtype != o.dtype or do.data_ptr() % 16:
         return                           # a gradient in another layout than O's: ask again next time
-    delta, dq, dk, dv = allocated
+    fslots, bslots = [q, k, v, o, lse], [q, k, v, o, lse, do, *allocated]
+    if len(set(map(id, bslots))) < len(bslots):
+        return                           # one tensor passed twice (self-attention on x, x, x): not a plan for others
+    if o.stride() != (q.stride() if q.is_contiguous() else o.new_empty(o.shape).stride()) or not lse.is_contiguous():
+        return                           # O or L not as attention_forward makes them (a direct backward call)
     _NATIVE[key] = -1                    # unless recorded below (a launch fallen back to smaller tiles is not)
-    fslots, bslots = [q, k, v, o, lse], [q, k, v, o, lse, do, delta, dq, dk, dv]
     f = native.record(fwd[6], (q, k, v, o, lse, *fwd[2]), fslots)
     b = [native.record(p, args, bslots) for p, (_, _, args, _) in zip(prepared, launches)]
     if f is None or None in b:
@@ -547,7 +551,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
             if pid >= 0 and _options[-1] is _DEFAULT and native.eager_ok(q, k, v):
                 try:
                     o = native._module.apply(pid, q, k, v)
-                except RuntimeError:    # the driver refused the launch here: this key keeps the Python path
+                except RuntimeError as e:   # the driver refused the launch here: this key keeps the Python path
+                    if "native autograd" not in str(e):
+                        raise               # anything else (out of memory) is the caller's to see
                     _NATIVE[key], o = -1, None
                 if o is not None:
                     return o
