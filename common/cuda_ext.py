@@ -45,6 +45,15 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:12]
 
 
+def build_folder(name: str, sources: Sequence[Path], flags: Sequence[str]) -> tuple[str, Path, bool]:
+    """(build name, its folder in the cache, True if no build is there yet) of ``sources`` built with
+    ``flags``: the name carries a hash of both, so an edit builds anew."""
+    build_name = f"{name}_{_digest(sources, flags)}"
+    build_dir = cache_dir() / build_name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return build_name, build_dir, not any(build_dir.glob("*.so"))
+
+
 #: Extra ``-D`` defines for every course CUDA build, e.g. ``COURSE_CUDA_DEFINES=A07C_DEBUG_HANG``
 #: (space- or comma-separated): a kernel's debug or experiment variant, which its source documents.
 #: A variant builds and caches apart (the defines are in the build's name); one process loads one.
@@ -90,10 +99,7 @@ def load_op(name: str, sources: Sequence[str | Path], *, namespace: str, op_name
              *(f"-Xcompiler={h}" for h in hidden), *extra_cuda_cflags]
     if fast_math:
         flags.append("--use_fast_math")
-    build_name = f"{name}_{_digest(sources, flags)}"
-    build_dir = cache_dir() / build_name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    fresh = not any(build_dir.glob("*.so"))
+    build_name, build_dir, fresh = build_folder(name, sources, flags)
     if fresh:
         print(f"[course] building CUDA op {name} (first build takes about a minute; cached in {build_dir})",
               file=sys.stderr, flush=True)

@@ -200,17 +200,20 @@ class Prepared:
                     pass               # (the native launch parses its arguments before it launches anything)
         return self._through_launcher(args)
 
+    def _key(self, args: tuple) -> tuple:
+        """The kernels' key of a call (what ``__call__`` builds inline, where it also swaps in the addresses)."""
+        return (tuple([args[i] for i in self.fixed_at]),
+                *[(args[i].dtype, args[i].data_ptr() & 15 == 0, args[i].is_cuda) for i in self.tensor_at])
+
     def compiled(self, *args):
         """(compiled kernel, grid) that a call with ``args`` launches without the launcher, or None (no such
         call made yet). :mod:`common.native` records a plan's launches from it."""
         if not self.ready or _RT.debug != self.debug or _COMPILATION.instrumentation_mode != self.instrumentation:
             return None
         try:
-            key = (tuple([args[i] for i in self.fixed_at]),
-                   *[(args[i].dtype, args[i].data_ptr() & 15 == 0, args[i].is_cuda) for i in self.tensor_at])
             if any(args[i] is not args[j] for i, j in self.same_at):
                 return None
-            hit = self.kernels.get(key)
+            hit = self.kernels.get(self._key(args))
         except (AttributeError, IndexError, RuntimeError, TypeError):
             return None
         return None if hit is None else (hit[0], hit[2])
@@ -255,8 +258,7 @@ class Prepared:
         g = self.grid(bound) if callable(self.grid) else self.grid
         g = (*g, 1, 1)[:3]
         try:
-            key = (tuple([args[i] for i in self.fixed_at]),
-                   *[(args[i].dtype, args[i].data_ptr() & 15 == 0, args[i].is_cuda) for i in self.tensor_at])
+            key = self._key(args)
             if key not in self.kernels:    # kept: an equal key of another kind (1.0 after 1) stays on the launcher
                 self.kernels[key] = (ck, direct, g)
         except TypeError:                  # an argument that cannot be a key

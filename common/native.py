@@ -68,16 +68,13 @@ def _build() -> None:
     try:
         from torch.utils.cpp_extension import load
 
-        from common.cuda_ext import _digest, cache_dir
+        from common.cuda_ext import build_folder
         include = _cuda_include()
         if include is None:
             reason = "no cuda.h (a CUDA toolkit) to build it against"
             return
         flags = ["-O3", "-std=c++17", "-fvisibility=hidden"]
-        name = f"course_native_{_digest([SOURCE], flags)}"
-        build_dir = cache_dir() / name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        fresh = not any(build_dir.glob("*.so"))
+        name, build_dir, fresh = build_folder("course_native", [SOURCE], flags)
         if fresh:
             print(f"[course] building native autograd in the background (about 30 s, once; cached in {build_dir})",
                   file=sys.stderr, flush=True)

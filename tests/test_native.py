@@ -49,6 +49,12 @@ def _grads(leaves, out, do):
     return [t.grad.clone() for t in leaves]
 
 
+def _record(leaves, q, k, v, do, causal=True):
+    """Two steps, forward and backward: the first (from Python) makes the key's plan where it can."""
+    for _ in range(2):
+        _grads(leaves, FT.flash_attention(q, k, v, causal), do)
+
+
 @pytest.fixture(scope="module")
 def ext():
     if not HAS_CUDA:
@@ -71,8 +77,7 @@ def test_replay_matches_the_python_path(ext, shape, dtype, causal, gpt2):
         ref = FT.flash_attention(q, k, v, causal)
         ref_g = _grads(leaves, ref, do)
         assert ref.grad_fn is not None and not native.replayed(ref)
-    for _ in range(2):             # the first backward from Python makes the plan
-        _grads(leaves, FT.flash_attention(q, k, v, causal), do)
+    _record(leaves, q, k, v, do, causal)
     key = (FT.meta(q), FT.meta(k), FT.meta(v), causal)
     assert FT._NATIVE.get(key, -1) >= 0, "no native plan was made for this key"
     out = FT.flash_attention(q, k, v, causal)
@@ -100,8 +105,7 @@ def test_hooks_options_and_no_grad_take_the_python_path(ext):
     import triton
     leaves, (q, k, v) = _inputs((1, 2, 64, 64), torch.bfloat16)
     do = torch.randn_like(q)
-    for _ in range(2):
-        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    _record(leaves, q, k, v, do)
     assert native.replayed(FT.flash_attention(q, k, v, True))
     seen = []
 
@@ -129,8 +133,7 @@ def test_a_launch_fallen_back_to_smaller_tiles_is_not_replayed(ext):
     with native.disabled():
         ref = FT.flash_attention(q, k, v, True)
         ref_g = _grads(leaves, ref, do)
-    for _ in range(2):
-        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    _record(leaves, q, k, v, do)
     assert FT._smaller, "fp32 at d = 128 ran without a fallback: pick another shape for this test"
     assert FT._NATIVE.get((FT.meta(q), FT.meta(k), FT.meta(v), True)) == -1
     out = FT.flash_attention(q, k, v, True)
@@ -139,8 +142,7 @@ def test_a_launch_fallen_back_to_smaller_tiles_is_not_replayed(ext):
         assert torch.equal(a, b)
     leaves, (q, k, v) = _inputs((1, 2, 70, 64), torch.bfloat16)
     do = torch.randn_like(q)
-    for _ in range(2):
-        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    _record(leaves, q, k, v, do)
     assert native.replayed(FT.flash_attention(q, k, v, True))
 
 
@@ -148,8 +150,7 @@ def test_a_launch_fallen_back_to_smaller_tiles_is_not_replayed(ext):
 def test_a_launch_the_driver_refuses_falls_back_to_python(ext, monkeypatch):
     leaves, (q, k, v) = _inputs((1, 2, 48, 64), torch.bfloat16)
     do = torch.randn_like(q)
-    for _ in range(2):
-        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    _record(leaves, q, k, v, do)
     key = (FT.meta(q), FT.meta(k), FT.meta(v), True)
     assert FT._NATIVE[key] >= 0
 
@@ -170,8 +171,7 @@ def test_one_tensor_as_q_k_and_v_records_no_plan_for_other_calls(ext):
     their own answers (from the Python path: the key's prepared launches keep the first call's aliasing)."""
     x = torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn_like(x)
-    for _ in range(2):
-        _grads(x, FT.flash_attention(x, x, x, True), do)
+    _record(x, x, x, x, do)
     key = (FT.meta(x),) * 3 + (True,)
     assert FT._NATIVE.get(key, -1) < 0
     leaves, (q, k, v) = _inputs(tuple(x.shape), torch.bfloat16)
@@ -195,8 +195,7 @@ def test_a_thread_that_never_used_cuda_replays(ext):
     with native.disabled():
         ref = FT.flash_attention(q, k, v, True)
         ref_g = _grads(leaves, ref, do)
-    for _ in range(2):
-        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    _record(leaves, q, k, v, do)
     got = {}
 
     def work():
@@ -220,8 +219,7 @@ def test_a_plan_replays_one_tensor_as_q_k_and_v(ext):
     """The other way round: a plan recorded from separate q, k, v, replayed on flash_attention(x, x, x)."""
     leaves, (q, k, v) = _inputs((1, 2, 44, 64), torch.bfloat16)
     do = torch.randn_like(q)
-    for _ in range(2):
-        _grads(leaves, FT.flash_attention(q, k, v, True), do)
+    _record(leaves, q, k, v, do)
     x = q.detach().clone().requires_grad_()
     with native.disabled():
         ref = FT.flash_attention(x, x, x, True)
