@@ -364,6 +364,37 @@ def test_gemv_layernorm_fold_and_residual(gv, dtype, m, split, seed):
         gv.gemv(x, w_f, ln_colsum=colsum[:-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_layernorm_fold_of_a_wide_row(gv, dtype, seed):
+    """The fold at one row wider than FOLD_MAX_K (GPT-2 large and XL: the row loaded before the main loop,
+    8 values a thread): LayerNorm(x) @ W + b against float64, x with a mean far from 0, K = 1100."""
+    k, n = 1100, 67
+    x = randn(1, k, dtype=dtype, scale=3.0) + 2.0
+    w = _gemv_weight(k, n, dtype, "nk.t")          # K-major, as the engine's decode copies
+    g, beta, b = randn(k, dtype=dtype) + 1.0, randn(k, dtype=dtype), randn(n, dtype=dtype)
+    w_f, b_f, colsum = gv.fold_layernorm(g, beta, w, b)
+    y_ln = reference.layer_norm(*(t.to("cpu", torch.float64) for t in (x, g, beta)), 1e-5)
+    want = _gemv_ref(y_ln, w, b, None)
+    got = assert_is_kernel(lambda: gv.gemv(x, w_f, b_f, ln_colsum=colsum, eps=1e-5), GEMV_KERNEL,
+                           "gemv with the LayerNorm folded in, K = 1100")
+    assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=_gemv_scale(y_ln, w, b),
+                 name=f"gemv 1x{k}: LayerNorm(x) @ W + b, folded")
+
+
+@pytest.mark.given
+def test_fold_pays_where_the_folded_gemv_fits_one_wave(gv):
+    """gemv.fold_pays, the engine's rule for the LayerNorm fold (given code), on an H100's 132 SMs: 1-2 rows of
+    at most 1024 columns always; one row of GPT-2 large or XL where the GEMV's grid fits one wave of 6
+    programs an SM (XL's c_attn, 600 programs; large's c_fc, 640), not where it does not (XL's c_fc, 800;
+    large's c_attn, 960); never at more rows or wider rows."""
+    assert gv.fold_pays(1, 768, 2304, 132) and gv.fold_pays(2, 1024, 4096, 132)
+    assert gv.fold_pays(1, 1600, 4800, 132) and not gv.fold_pays(1, 1600, 6400, 132)
+    assert gv.fold_pays(1, 1280, 5120, 132) and not gv.fold_pays(1, 1280, 3840, 132)
+    assert not gv.fold_pays(2, 1600, 4800, 132) and not gv.fold_pays(1, 4096, 4800, 132)
+    assert not gv.fold_pays(1, 1600)             # without N and the SM count: no
+    assert gv.preload(1600, 1, 8), "the wide fold must load the row before the main loop (stat_k >= K)"
+
+
 @pytest.mark.parametrize("m", [2, 5])
 def test_gemv_writes_the_kv_cache(gv, kv, m, seed):
     """c_attn's GEMV with the cache write in its epilogue (kv_cache=...): y as without it, and K and V in the
@@ -927,6 +958,27 @@ def test_gemv_gpt2_shapes(gv, model, m, seed):
                                     name=f"gemv, GPT-2 {model} {name} M={m}", scale=_gemv_scale(x, w, b))
         again = [gv.gemv(x, w, b, act) for _ in range(20)]
         assert all(torch.equal(a, got) for a in again), f"gemv, GPT-2 {model} {name} M={m}: bits changed between calls"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["large", "xl"])
+def test_gemv_layernorm_fold_at_gpt2_widths(gv, model, seed):
+    """The LayerNorm fold at one row as GPT-2 large and XL run it on the GPU (the row loaded before the main
+    loop, the engine's configs), c_attn and c_fc in bf16: as accurate as the LayerNorm in float64 then
+    torch.matmul on the same inputs."""
+    c = {"large": 1280, "xl": 1600}[model]
+    for name, n in (("c_attn", 3 * c), ("c_fc", 4 * c)):
+        x = randn(1, c, dtype=torch.bfloat16, scale=3.0) + 1.0
+        w = _gemv_weight(c, n, torch.bfloat16, "nk.t")    # K-major, as the engine's decode copies
+        g, beta, b = randn(c, dtype=torch.bfloat16) + 1.0, randn(c, dtype=torch.bfloat16), randn(n, dtype=torch.bfloat16)
+        w_f, b_f, colsum = gv.fold_layernorm(g, beta, w, b)
+        got = assert_is_kernel(lambda: gv.gemv(x, w_f, b_f, ln_colsum=colsum), GEMV_KERNEL, f"gemv {name} folded")
+        y_ln = reference.layer_norm(*(t.to("cpu", torch.float64) for t in (x, g, beta)), 1e-5)
+        want = _gemv_ref(y_ln, w, b, None)
+        base = torch_matmul(torch.nn.functional.layer_norm(x.float(), (c,), g.float(), beta.float()).to(torch.bfloat16),
+                            w).float() + b.float()
+        assert_as_accurate_as_torch(got, want, base.to(torch.bfloat16), dtype=torch.bfloat16,
+                                    name=f"gemv, GPT-2 {model} {name}, LayerNorm folded", scale=_gemv_scale(y_ln, w, b))
 
 
 @pytest.mark.gpu

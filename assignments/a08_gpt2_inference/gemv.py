@@ -451,11 +451,15 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
 
 
 def stat_k(k: int, bm: int, warps: int) -> int:
-    """Columns of the BLOCK_M rows the LayerNorm statistics load at once (_row_tile, _row_stats): at most 4
-    values a thread on the FMA path (BLOCK_M <= 2), whose many small programs must keep to 32 registers
-    (sm_90: at 8 values a thread GPT-2 XL's c_fc took 38, 6 programs an SM instead of 8, and its 800
-    programs no longer fit one wave: 13.5 us instead of 9.3 on the H100); 16 on the tl.dot path."""
-    return max(16, min(next_power_of_2(max(k, 1)), (128 if bm <= 2 else 512) * warps // bm))
+    """Columns of the BLOCK_M rows the LayerNorm statistics load at once (_row_tile, _row_stats): on the FMA
+    path (BLOCK_M <= 2) at most 4 values a thread for K <= FOLD_MAX_K (its many small programs keep to 32
+    registers, 8 programs of 8 warps an SM), and at one row up to 8 for the wider rows of GPT-2 large and XL,
+    so that one load before the main loop holds the row (PRELOAD; sm_90: 38 registers, 6 programs an SM,
+    which :func:`fold_pays` accounts for); 16 a thread on the tl.dot path."""
+    if bm <= 2:
+        per_thread = 8 if bm == 1 and k > FOLD_MAX_K else 4
+        return max(16, min(next_power_of_2(max(k, 1)), per_thread * 32 * warps // bm))
+    return max(16, min(next_power_of_2(max(k, 1)), 512 * warps // bm))
 
 
 def preload(k: int, bm: int, warps: int) -> bool:
@@ -470,11 +474,28 @@ def preload(k: int, bm: int, warps: int) -> bool:
 #: 0.309 with LayerNorm kernels; XL (K = 1600, statistics after the loop) 2.14 against 2.07: each folded GEMV
 #: took 2.3 us more, where the LayerNorm kernel it replaced cost 2.4 us and, with PDL, overlapped its neighbours.
 FOLD_MAX_K = 1024
+#: Wider rows (up to this many columns) at ONE row: loaded before the main loop too, 8 values a thread
+#: (:func:`stat_k`), which costs registers: 6 programs of 8 warps an SM on sm_90 instead of 8. The fold then pays
+#: where the GEMV's grid still fits one wave of FOLD_PROGRAMS_PER_SM programs an SM. H100, bf16, batch 1,
+#: prompt 100 (EXPERIMENTS.md, `a08 wide fold`): XL's c_attn (600 programs) folded: 1.981 -> 1.941 ms a step;
+#: its c_fc (800) too: 2.035, slower; large's c_fc (640) folded with its c_attn (960): 1.142 -> 1.118, its
+#: c_attn alone 1.146.
+FOLD_WIDE_MAX_K = 2048
+FOLD_PROGRAMS_PER_SM = 6
 
 
-def fold_pays(m: int, k: int) -> bool:
-    """Whether ``gemv(..., ln_colsum=...)`` of M rows and K columns beats a LayerNorm kernel before the GEMV."""
-    return m <= 2 and k <= FOLD_MAX_K
+@functools.lru_cache(maxsize=1024)   # called on every decode step's c_attn and c_fc: decided once per key
+def fold_pays(m: int, k: int, n: int | None = None, sms: int | None = None, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether ``gemv(..., ln_colsum=...)`` of M rows and K columns beats a LayerNorm kernel before the GEMV:
+    a few rows of at most FOLD_MAX_K columns; or one row of at most FOLD_WIDE_MAX_K where the GEMV's grid
+    (choose_config for a K-major W [K, N] on ``sms`` SMs) fits one wave of FOLD_PROGRAMS_PER_SM programs an SM
+    (without N and the SM count: no)."""
+    if m <= 2 and k <= FOLD_MAX_K:
+        return True
+    if m != 1 or k > FOLD_WIDE_MAX_K or n is None or sms is None:
+        return False
+    bn, _, splits, _, _ = choose_config(1, n, k, dtype, True, sms, interpreter=False)
+    return cdiv(n, bn) * splits <= FOLD_PROGRAMS_PER_SM * sms
 
 
 def fold_layernorm(ln_weight: torch.Tensor, ln_bias: torch.Tensor, w: torch.Tensor,

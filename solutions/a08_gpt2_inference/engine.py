@@ -40,7 +40,8 @@ rows: a weight read, see gemv.py):
   m    = linear(m, W_fc_proj, b_fc_proj)                 h = linear(m, W_fc_proj, residual=h)
   LM head  logits = linear(ln_f(h), wteᵀ)  tied weights, no copy (B rows: gemv, after the LayerNorm kernel)
 
-A decode block is 6 kernels (the prefill's order, unfused, would be 9): at batch 1 a decode step is
+A decode block is 6 kernels (the prefill's order, unfused, would be 9; 7 at GPT-2 large and XL, where
+one LayerNorm of the two stays a kernel: gemv.fold_pays): at batch 1 a decode step is
 launch- and ramp-bound, and each kernel removed is a few microseconds of idle bandwidth (lecture 8, §7).
 
 The decode GEMV reads each block weight from a K-MAJOR copy made once at load (stage 2's lesson
@@ -85,7 +86,7 @@ from ..a06_matmul.matmul_triton import matmul
 from ..a07_flash_attention.flash_triton import attention_forward
 from .decode_attention import MAX_HEAD_DIM, decode_attention
 from .gemv import MAX_ROWS as GEMV_ROWS
-from .gemv import fold_layernorm, fold_pays, gemv
+from .gemv import fold_layernorm, fold_pays, gemv, sm_count
 from .kv_cache import KVCache, write_kv
 from .layernorm import add_layernorm, layernorm
 from .sampling import WIDE_TOP_K, SamplingParams, argmax, sample
@@ -234,25 +235,31 @@ class GPT2Engine:
         """The decode GEMV's copies of the block weights, made once (again after decode_gemv or fuse_epilogues
         changes): ``_k_major``, a K-MAJOR copy of a weight by the id of the stored [K, N] weight (the
         copy's .t() is contiguous, so the copy is a [K, N] view with K-stride 1: module docstring);
-        ``_folded``, for c_attn and c_fc with fuse_epilogues in 16 bits where the fold pays (gemv.fold_pays:
-        n_embd <= 1024, GPT-2 small and medium), that copy with the LayerNorm before it folded in
-        (gemv.fold_layernorm: (w_f, bias_f, colsum)); the plain copy too when a batch may have more than 2
-        rows (the fold does not pay there). Nothing without decode_gemv."""
+        ``_folded``, for c_attn and c_fc with fuse_epilogues in 16 bits where the fold pays at one row
+        (:meth:`_fold_pays`: n_embd <= 1024, GPT-2 small and medium; at large and XL where the GEMV's grid fits one
+        wave, XL's c_attn and large's c_fc), that copy with the LayerNorm before it folded in
+        (gemv.fold_layernorm: (w_f, bias_f, colsum)); the plain copy too where a batch may have rows the fold
+        does not pay for. Nothing without decode_gemv."""
         self._k_major.clear()
         self._folded.clear()
         if not self.decode_gemv:
             return
         # see ln_linear: 16 bits, and rows short enough for the GEMV to take their statistics cheaply
-        fold = self.fuse_epilogues and self.dtype != torch.float32 and fold_pays(1, self.n_embd)
-        # the plain copies of c_attn and c_fc too where a batch may be too large for the fold
-        plain_all = not fold or not fold_pays(self.max_batch, self.n_embd)
+        fold_on = self.fuse_epilogues and self.dtype != torch.float32
         for layer in self.layers:
-            for w in (layer.proj_w, layer.fc_proj_w) + ((layer.attn_w, layer.fc_w) if plain_all else ()):
+            for w in (layer.proj_w, layer.fc_proj_w):
                 self._k_major[id(w)] = w.t().contiguous().t()
-            if fold:
-                for g, be, w, bias in ((layer.ln_1_w, layer.ln_1_b, layer.attn_w, layer.attn_b),
-                                       (layer.ln_2_w, layer.ln_2_b, layer.fc_w, layer.fc_b)):
+            for g, be, w, bias in ((layer.ln_1_w, layer.ln_1_b, layer.attn_w, layer.attn_b),
+                                   (layer.ln_2_w, layer.ln_2_b, layer.fc_w, layer.fc_b)):
+                fold = fold_on and self._fold_pays(1, w)
+                if fold:
                     self._folded[id(w)] = fold_layernorm(g, be, w.t().contiguous().t(), bias)
+                if not fold or not all(self._fold_pays(m, w) for m in range(1, min(self.max_batch, GEMV_ROWS) + 1)):
+                    self._k_major[id(w)] = w.t().contiguous().t()     # the plain copy, for rows without the fold
+
+    def _fold_pays(self, rows: int, w: torch.Tensor) -> bool:
+        """gemv.fold_pays for ``rows`` rows times the stored weight w [K, N] on this engine's GPU."""
+        return fold_pays(rows, w.shape[0], w.shape[1], sm_count(self.device), self.dtype)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
                activation: str | None = None, *, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -272,15 +279,15 @@ class GPT2Engine:
         ``kv_cache`` = (k_cache, v_cache, start), for c_attn of one token per sequence: also append the
         output's k and v to the caches at position start[b] (write_kv's work).
 
-        On the GEMV path (decode) with fuse_epilogues: ONE kernel in 16 bits where it pays (gemv.fold_pays:
-        1-2 rows of n_embd <= 1024), the GEMV with the LayerNorm folded in (gemv.fold_layernorm: γ and β in
+        On the GEMV path (decode) with fuse_epilogues: ONE kernel in 16 bits where it pays (:meth:`_fold_pays`:
+        1-2 rows of n_embd <= 1024; one row of up to 2048 where the GEMV fits one wave), the GEMV with the LayerNorm folded in (gemv.fold_layernorm: γ and β in
         the weight and bias, made at load; the row statistics in the GEMV's epilogue) and the cache write
         in its epilogue; else the LayerNorm kernel, then that GEMV. Not in fp32: the fold reassociates the
         LayerNorm's arithmetic, far below a 16-bit rounding, but in fp32, where the engine gives
         transformers' tokens, it can flip a near tie. Without the GEMV: the a08 LayerNorm kernel,
         :meth:`linear`, and write_kv."""
         on_gemv = self._gemv_rows(h)
-        folded = self._folded.get(id(w)) if on_gemv and fold_pays(h.numel() // h.shape[-1], h.shape[-1]) else None
+        folded = self._folded.get(id(w)) if on_gemv and self._fold_pays(h.numel() // h.shape[-1], w) else None
         fused_kv = kv_cache if on_gemv and self.fuse_epilogues else None
         if folded is not None:
             w_f, b_f, colsum = folded
