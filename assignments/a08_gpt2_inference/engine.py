@@ -254,8 +254,8 @@ class GPT2Engine:
                 fold = fold_on and self._fold_pays(1, w)
                 if fold:
                     self._folded[id(w)] = fold_layernorm(g, be, w.t().contiguous().t(), bias)
-                if not fold or not all(self._fold_pays(m, w) for m in range(1, min(self.max_batch, GEMV_ROWS) + 1)):
-                    self._k_major[id(w)] = w.t().contiguous().t()     # the plain copy, for rows without the fold
+                if not fold or not self._fold_pays(min(self.max_batch, GEMV_ROWS), w):   # (it pays at fewer rows if
+                    self._k_major[id(w)] = w.t().contiguous().t()     # at more) the plain copy, for rows without it
 
     def _fold_pays(self, rows: int, w: torch.Tensor) -> bool:
         """gemv.fold_pays for ``rows`` rows times the stored weight w [K, N] on this engine's GPU."""
