@@ -456,10 +456,8 @@ def stat_k(k: int, bm: int, warps: int) -> int:
     registers, 8 programs of 8 warps an SM), and at one row up to 8 for the wider rows of GPT-2 large and XL,
     so that one load before the main loop holds the row (PRELOAD; sm_90: 38 registers, 6 programs an SM,
     which :func:`fold_pays` accounts for); 16 a thread on the tl.dot path."""
-    if bm <= 2:
-        per_thread = 8 if bm == 1 and k > FOLD_MAX_K else 4
-        return max(16, min(next_power_of_2(max(k, 1)), per_thread * 32 * warps // bm))
-    return max(16, min(next_power_of_2(max(k, 1)), 512 * warps // bm))
+    per_thread = (8 if bm == 1 and k > FOLD_MAX_K else 4) if bm <= 2 else 16
+    return max(16, min(next_power_of_2(max(k, 1)), per_thread * 32 * warps // bm))
 
 
 def preload(k: int, bm: int, warps: int) -> bool:
