@@ -471,8 +471,8 @@ def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
     more with programmatic dependent launch, on sm_90 only (griddepcontrol needs Hopper)."""
     from common.launch import cdiv
     tdt = _dt(dt)
-    for m, k, n, kmajor in ((1, 1600, 4800, True), (16, 6400, 1600, True), (1, 1600, 4800, False), (16, 1600, 6400, False)):
-        bn, bk, splits, warps, stages = gv.choose_config(m, n, k, tdt, kmajor, 132, interpreter=False)
+    for m, k, n, kmajor, smem, archs in _gemv_cases(gv, only):
+        bn, bk, splits, warps, stages = gv.choose_config(m, n, k, tdt, kmajor, 132, smem=smem, interpreter=False)
         dot = gv.use_dot(m)
         bm = gv.block_m(m, dot)
         per = cdiv(cdiv(k, bk), splits) * bk             # rows of W per split, whole slices (as gemv())
@@ -494,7 +494,20 @@ def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
                               COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False,
                               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=kmajor, FENCE=True, USE_PDL=pdl,
                               num_warps=warps, num_stages=stages),
-                         ("sm_90",) if pdl else only)
+                         ("sm_90",) if pdl else archs)
+
+
+def _gemv_cases(gv, only) -> Iterator[tuple]:
+    """(M, K, N, K-major, shared memory, the families) of each _a08_gemv launch: the K-major tl.dot path's
+    tile and stages follow the GPU's shared memory (gemv.choose_config's ``smem``), so it is one launch per
+    family; the others are one launch for all."""
+    for m, k, n, kmajor in ((1, 1600, 4800, True), (16, 6400, 1600, True), (1, 1600, 4800, False), (16, 1600, 6400, False)):
+        if kmajor and gv.use_dot(m):
+            for name, arch in ARCHS.items():
+                if only is None or name in only:
+                    yield m, k, n, kmajor, arch.smem_per_block, (name,)
+        else:
+            yield m, k, n, kmajor, None, only
 
 
 def _next_pow2(n: int) -> int:

@@ -24,8 +24,11 @@ the weight at once, and loads W along its contiguous dimension in wide vectors:
          USE_DOT = False (M <= 4): acc[BLOCK_M, BLOCK_K, BLOCK_N] += x * w, W loaded as a
                  [1, BLOCK_K, BLOCK_N] tile so that the accumulator keeps the load's layout
                  (CUDA-core FMAs; summed over K once, after the loop: no reduction per slice);
-         USE_DOT = True  (M > 4, BLOCK_M = 16): acc[BLOCK_M, BLOCK_N] = tl.dot(x, w, acc)
-                 (tensor cores: 16 rows of FMAs per weight element would make the CUDA cores the bottleneck).
+         USE_DOT = True  (M > 2, BLOCK_M = 16): accᵀ[BLOCK_N, BLOCK_M] = tl.dot(wᵀ, xᵀ, accᵀ)
+                 (tensor cores: 16 rows of FMAs per weight element would make the CUDA cores the bottleneck;
+                 the operands swapped, "swap AB", so that 64 columns of W fill a Hopper wgmma's 64-row side
+                 and x's few rows its narrow one: 1.02-1.11x cuBLAS at GPT-2 XL's qkv and c_fc, where
+                 x @ w with x on the 64-row side read the weight at 0.88-0.99x).
     2. SPLIT_K == 1: y = act(acc + bias), one cast, one store.
        SPLIT_K  > 1: store the fp32 partial sums to PART[split, :M, cols]; the LAST program of
        the column block to arrive (a ticket counter, _last_to_arrive) adds the SPLIT_K partials in
@@ -52,6 +55,7 @@ import triton.language as tl
 
 from common import TRITON_INTERPRET, pdl_supported
 from common.checks import check_same, check_tensor, meta
+from common.gpu import shared_memory_per_block
 from common.launch import cdiv, fast, next_power_of_2
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
@@ -243,7 +247,8 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
     (contiguous), COUNT[pid_n] the block's ticket counter (0 between calls), COMBINE (a power of 2)
     the partial sums the combining program loads at once. BLOCK_M >= M. W_K_CONTIG: W's K dim has
     stride 1 (the LM head's wteᵀ).
-    USE_DOT: BLOCK_M = 16 and tl.dot; else an FMA accumulator [BLOCK_M, BLOCK_K, BLOCK_N].
+    USE_DOT: BLOCK_M = 16 and tl.dot, the operands swapped (accᵀ = Wᵀ·xᵀ); else an FMA accumulator
+    [BLOCK_M, BLOCK_K, BLOCK_N].
     DOT_FP32: cast the tl.dot operands to fp32 (the interpreter's bf16 tl.dot is wrong).
     Your part computes ``acc``, this program's X @ W[:, cols] in fp32, and ``finish``: whether this
     program writes the column block's output; the given :func:`_epilogue` then adds the rest."""
@@ -257,7 +262,8 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
     #   offs_m = tl.arange(0, BLOCK_M) (rows < M are real), offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     #   (< N), offs_k = tl.arange(0, BLOCK_K). This split's rows of W: k_lo = split * K_PER_SPLIT up to
     #   k_hi = min(k_lo + K_PER_SPLIT, K).
-    #   1. Pointers: W tile [BLOCK_K, BLOCK_N] at W + k * stride_wk + n * stride_wn, x tile [BLOCK_M, BLOCK_K]
+    #   1. Pointers: W tile [BLOCK_K, BLOCK_N] at W + k * stride_wk + n * stride_wn (USE_DOT: the transposed
+    #      tile [BLOCK_N, BLOCK_K], see 2.), x tile [BLOCK_M, BLOCK_K]
     #      at X + m * stride_xm + k * stride_xk (use BOTH strides of each: the LM head's W is wteᵀ, a
     #      K-contiguous view). Put the large part of the offset in int64 (n * stride_wn reaches 80M for
     #      the LM head), e.g. a scalar base W + (pid_n * BLOCK_N).to(tl.int64) * stride_wn.
@@ -265,8 +271,11 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
     #      eviction_policy="evict_first": a weight is read once a step, so let it leave L2 before what the
     #      next kernels read: activations, the KV cache, their code; GPT-2 small's step is 9% faster) and
     #      x (mask: m < M and k < k_hi, other=0), then in fp32:
-    #        USE_DOT:  acc = tl.dot(x, w, acc, input_precision="ieee")   (acc [BLOCK_M, BLOCK_N];
-    #                  if DOT_FP32 cast x and w to fp32 first)
+    #        USE_DOT:  swap the operands so that W takes the tensor core's wide side: load w as Wᵀ's tile
+    #                  [BLOCK_N, BLOCK_K] and acc_t = tl.dot(w, tl.trans(x), acc_t, input_precision="ieee")
+    #                  (acc_t [BLOCK_N, BLOCK_M]; if DOT_FP32 cast x and w to fp32 first); after the loop
+    #                  acc = tl.trans(acc_t). (x @ w with acc [BLOCK_M, BLOCK_N] is correct too, but puts x's
+    #                  16 rows, 1-16 of them real, on the side where a Hopper wgmma wants 64.)
     #        else:     acc3 += x * w with acc3 [BLOCK_M, BLOCK_K, BLOCK_N]; load w as a [1, BLOCK_K, BLOCK_N]
     #                  tile and x as [BLOCK_M, BLOCK_K, 1] (W_K_CONTIG: as [BLOCK_M, BLOCK_K, BLOCK_N], every
     #                  column reading the same x) so that both take W's layout and nothing is reshuffled
@@ -293,6 +302,13 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _smem(device: torch.device) -> int | None:
+    """Shared memory a block may use on ``device`` (choose_config's ``smem``); None under the interpreter."""
+    if TRITON_INTERPRET or device.type != "cuda":
+        return None
+    return shared_memory_per_block(device)
 
 
 def sm_count(device: torch.device) -> int:
@@ -327,19 +343,30 @@ MIN_SLICES = 1
 
 
 @functools.lru_cache(maxsize=4096)   # a rule of its arguments: decided once per key, looked up after that
+def dot_stage_bytes(bn: int, bk: int, size: int) -> int:
+    """Shared memory one pipeline stage of the tl.dot path takes, as Triton 3.6 allocates it (W's [bn, bk]
+    tile and x's [16, bk], elements of ``size`` bytes), with room for its barriers: 6 stages of 64 columns
+    of bf16 ask 124 KB on sm_90 (cross-compiled: common.portability)."""
+    return (bn + 16) * bk * size + 512
+
+
 def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool, sms: int, *,
-                  interpreter: bool = TRITON_INTERPRET) -> tuple[int, int, int, int, int]:
+                  smem: int | None = None, interpreter: bool = TRITON_INTERPRET) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for M rows of x, W [K, N] of ``dtype``
-    (``k_contiguous``: W's K dim has stride 1, e.g. the LM head's wteᵀ), on ``sms`` SMs
+    (``k_contiguous``: W's K dim has stride 1, e.g. the LM head's wteᵀ), on ``sms`` SMs with ``smem``
+    bytes of shared memory a block (None: enough, as on an H100 or A100)
     (``interpreter``: the CPU interpreter's wide tiles; False shows what a GPU runs).
 
     The rule, from shapes only (graph-safe, no autotuning):
     * K-major W (the engine's decode weights, the LM head): a program takes a few whole columns,
       each a contiguous row of memory, and walks all of K: 4 or 8 columns with 8 warps on the FMA
-      path (M <= 2; 8 where that still gives PROGRAMS_PER_SM programs an SM), 32 (or 16) columns with
-      4 warps pipelined 4 deep on the tl.dot path; split-K only where the columns give fewer programs
-      than SMs. This is the fast layout: on the H100 it reads GPT-2 XL's decode weights at 1.0-1.2x
-      cuBLAS's speed at M = 1 (lectures/results/a08_gemv.md).
+      path (M <= 2; 8 where that still gives PROGRAMS_PER_SM programs an SM); 64 columns with 4 warps
+      on the tl.dot path (W's tile on the wgmma's 64-row side), 256 bytes of each column a slice,
+      pipelined 6 deep where the shared memory holds it (4 deep on 99 KB: RTX 30xx/40xx; 32 columns
+      where 4 stages of 64 do not fit: a T4's 64 KB); split-K only for a K of 16 slices or more whose
+      columns give fewer programs than SMs (the MLP's down projection). This is the fast layout: on the
+      H100 it reads GPT-2 XL's decode weights at 1.0-1.2x cuBLAS's speed at 1, 4 and 16 rows
+      (lectures/results/a08_gemv.md).
     * N-major W (GPT-2's Conv1D [in, out] as stored): loads of 16 bytes per thread along N; the FMA path
       keeps its [BLOCK_M, BLOCK_K, BLOCK_N] accumulator at ACCUMULATORS fp32 registers a thread (8 warps),
       so BLOCK_K·BLOCK_N shrinks as BLOCK_M grows; the tl.dot path takes a [128, 64] tile ([128, 32] where
@@ -356,14 +383,14 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool
         # Each program walks the whole of K for a few columns (no split-K while the columns alone give
         # every SM a program), its warps reading rows of W along memory in 16-byte vectors.
         want_programs = sms                            # split K only where the columns give < 1 program an SM
-        if use_dot(m):                                 # tl.dot, BLOCK_M = 16, pipelined 4 deep
-            warps, stages, bn, bk = 4, 4, 32, (128 if size == 2 else 64)
-            blocks = cdiv(n, bn)
-            if blocks < sms:                           # few columns: split a long K (at most 4 ways),
-                if k >= 32 * bk:                       # else narrower programs over longer slices
-                    want_programs = min(4, cdiv(2 * sms, blocks)) * blocks
-                else:
-                    bn, bk = 16, 2 * bk
+        if use_dot(m):                                 # tl.dot, BLOCK_M = 16, W's tile the 64-row side
+            warps, bk = 4, 256 // size                 # 256-byte rows of W per slice
+            bn = 64 if smem is None or 4 * dot_stage_bytes(64, bk, size) <= smem else 32
+            stages = 6 if smem is None or 6 * dot_stage_bytes(bn, bk, size) <= smem else 4
+            blocks = cdiv(n, bn)                       # no split-K (its partial sums cost more than idle SMs),
+            want_programs = blocks                     # except for few columns of a long K: at most 4 ways
+            if blocks < sms and k >= 16 * bk:
+                want_programs = min(4, cdiv(2 * sms, blocks)) * blocks
         else:                                          # FMAs: 8 warps, 4 or 8 columns a program
             warps, stages, bk = 8, 1, 32 * vec
             bn = 8 if cdiv(n, 8) >= PROGRAMS_PER_SM * sms else 4
@@ -426,7 +453,7 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
           kv_write: bool = False) -> tuple:
     """(grid, rows of W per split, launch kwargs) for one gemv key; raises on a bad ``config``."""
     if config is None:
-        config = choose_config(m, n, k, dtype, k_contig, sm_count(device))
+        config = choose_config(m, n, k, dtype, k_contig, sm_count(device), smem=_smem(device))
     if len(config) not in (5, 6):
         raise ValueError(f"config: expected (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, use_dot]), got {config}")
     bn, bk, splits, warps, stages = config[:5]
@@ -561,7 +588,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     (the same bits) without its launch.
 
     ``config`` = (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) overrides :func:`choose_config`; a
-    6th element True/False forces the tl.dot / FMA path (default: tl.dot above 4 rows, :func:`use_dot`).
+    6th element True/False forces the tl.dot / FMA path (default: tl.dot above 2 rows, :func:`use_dot`).
     Split-K partial sums are combined in a fixed order: the same inputs give the same bits. No host
     sync, no allocation that depends on values: capturable in a CUDA graph (after one eager call on
     the device). ``pdl=True``: launched with programmatic dependent launch where the GPU supports it

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from common.gpu import shared_memory_per_block
 from common.impl import Impl, add_impl_argument, command_line, results_dir
 from common.roofline import gpt2_decode_bytes, measure_ceilings
 from common.testing import random_gpt2
@@ -464,12 +465,13 @@ def rotated_ms(call, copies: int, reps: int = 15) -> float:
 
 def sweep_configs(gv, m: int, k: int, n: int, k_contiguous: bool, sms: int) -> list[tuple]:
     """A few configs around choose_config's pick (other column counts, splits, warps, stages, the other path)."""
-    bn, bk, sp, w, st = gv.choose_config(m, n, k, torch.bfloat16, k_contiguous, sms)
+    smem = shared_memory_per_block()
+    bn, bk, sp, w, st = gv.choose_config(m, n, k, torch.bfloat16, k_contiguous, sms, smem=smem)
     dot = gv.use_dot(m)
     out = [(bn, bk, sp, w, st, dot), (bn, bk, max(1, sp // 2), w, st, dot), (bn, bk, sp * 2, w, st, dot)]
     if dot:
-        out += [(b2, k2, s2, 4, s3, True) for b2, k2 in ((16, 128), (32, 128), (64, 128), (16, 256), (32, 256))
-                for s2 in (1, 2, 4) for s3 in (3, 4)]
+        out += [(b2, k2, s2, 4, s3, True) for b2, k2 in ((32, 128), (64, 64), (64, 128), (64, 256), (128, 128))
+                for s2 in (1, 2, 4) for s3 in (4, 6, 8) if s3 * gv.dot_stage_bytes(b2, k2, 2) <= smem]
     else:
         out += [(b2, bk, s2, w2, 1, False) for b2 in (4, 8, 16) for s2 in (1, 2) for w2 in (4, 8)]
         out += [(32, 128, 1, 4, 4, True)]                                   # tl.dot even at M <= 2
@@ -488,6 +490,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
     mm = impl.load("a06_matmul.matmul_triton").matmul
     dt, rows, sweeps = torch.bfloat16, [], []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    smem = shared_memory_per_block()                   # what gemv's choose_config is given on this GPU
     # the copy bandwidth measured the same way: 64 MB copies rotated in a graph
     src = [torch.empty(32 * 2**20, dtype=dt, device="cuda").normal_() for _ in range(3)]
     dst = [torch.empty_like(t) for t in src]
@@ -520,7 +523,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                         torch.cuda.synchronize()
                         ms[key] = float("nan")
                 ms["cublas"] = min(ms["cublas_stored"], ms["cublas_kmajor"])
-                cfg = gv.choose_config(m, n, k, dt, True, sms)
+                cfg = gv.choose_config(m, n, k, dt, True, sms, smem=smem)
                 row = dict(model=model, gemm=name, M=m, K=k, N=n, layout="wte.t()" if kc else "K-major copy of [K, N]",
                            weight_MB=wbytes / 1e6, config=str(cfg), rel_err_vs_cublas=err,
                            **{f"{key}_us": v * 1e3 for key, v in ms.items()},

@@ -77,6 +77,9 @@ MUTANTS = [
            [("offs_k[None, :, None] * stride_wk + tl.arange(0, BLOCK_N)[None, None, :] * stride_wn",
              "offs_k[None, :, None] * stride_wk + tl.arange(0, BLOCK_N)[None, None, :]")]),
     Mutant(S, GV, "every split runs to the end of K", [("k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)", "k_hi = K")]),
+    Mutant(S, GV, "tl.dot path: W's column stride ignored (assumes N contiguous)",
+           [("w_offs = tl.arange(0, BLOCK_N)[:, None] * stride_wn + offs_k[None, :] * stride_wk",
+             "w_offs = tl.arange(0, BLOCK_N)[:, None] + offs_k[None, :] * stride_wk")]),
 
     # ---- the decode step: test_decode_logits, test_generate_matches_transformers
     Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths))", "new_lengths))"))]),
