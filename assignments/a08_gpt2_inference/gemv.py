@@ -21,7 +21,7 @@ the weight at once, and loads W along its contiguous dimension in wide vectors:
   program (pid_n, split): columns [pid_n·BLOCK_N, +BLOCK_N), rows k of [split·K_PER_SPLIT, +K_PER_SPLIT)
     1. acc = 0 (fp32). For each BLOCK_K slice of the split's rows: load the W tile (masked at K
        and N) and x (masked at M and K), and
-         USE_DOT = False (M <= 4): acc[BLOCK_M, BLOCK_K, BLOCK_N] += x * w, W loaded as a
+         USE_DOT = False (M <= 2): acc[BLOCK_M, BLOCK_K, BLOCK_N] += x * w, W loaded as a
                  [1, BLOCK_K, BLOCK_N] tile so that the accumulator keeps the load's layout
                  (CUDA-core FMAs; summed over K once, after the loop: no reduction per slice);
          USE_DOT = True  (M > 2, BLOCK_M = 16): accᵀ[BLOCK_N, BLOCK_M] = tl.dot(wᵀ, xᵀ, accᵀ)
@@ -342,7 +342,6 @@ WORKSPACE_SHARE = 0.25
 MIN_SLICES = 1
 
 
-@functools.lru_cache(maxsize=4096)   # a rule of its arguments: decided once per key, looked up after that
 def dot_stage_bytes(bn: int, bk: int, size: int) -> int:
     """Shared memory one pipeline stage of the tl.dot path takes, as Triton 3.6 allocates it (W's [bn, bk]
     tile and x's [16, bk], elements of ``size`` bytes), with room for its barriers: 6 stages of 64 columns
@@ -350,6 +349,7 @@ def dot_stage_bytes(bn: int, bk: int, size: int) -> int:
     return (bn + 16) * bk * size + 512
 
 
+@functools.lru_cache(maxsize=4096)   # a rule of its arguments: decided once per key, looked up after that
 def choose_config(m: int, n: int, k: int, dtype: torch.dtype, k_contiguous: bool, sms: int, *,
                   smem: int | None = None, interpreter: bool = TRITON_INTERPRET) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for M rows of x, W [K, N] of ``dtype``
