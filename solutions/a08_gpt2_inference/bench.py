@@ -463,9 +463,9 @@ def rotated_ms(call, copies: int, reps: int = 15) -> float:
     return statistics.median(times)
 
 
-def sweep_configs(gv, m: int, k: int, n: int, k_contiguous: bool, sms: int) -> list[tuple]:
-    """A few configs around choose_config's pick (other column counts, splits, warps, stages, the other path)."""
-    smem = shared_memory_per_block()
+def sweep_configs(gv, m: int, k: int, n: int, k_contiguous: bool, sms: int, smem: int) -> list[tuple]:
+    """A few configs around choose_config's pick on ``sms`` SMs with ``smem`` bytes of shared memory a block
+    (other column counts, splits, warps, stages, the other path)."""
     bn, bk, sp, w, st = gv.choose_config(m, n, k, torch.bfloat16, k_contiguous, sms, smem=smem)
     dot = gv.use_dot(m)
     out = [(bn, bk, sp, w, st, dot), (bn, bk, max(1, sp // 2), w, st, dot), (bn, bk, sp * 2, w, st, dot)]
@@ -537,7 +537,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
                       f" GB/s; config {cfg}; rel. err vs cuBLAS {err:.1e} ({time.perf_counter() - t0:.0f} s)",
                       flush=True)
                 if model in sweep:
-                    for cand in sweep_configs(gv, m, k, n, True, sms):
+                    for cand in sweep_configs(gv, m, k, n, True, sms, smem):
                         try:
                             t = rotated_ms(lambda i: gv.gemv(xs[i], ws[i], config=cand), copies)
                             sweeps.append(dict(model=model, gemm=name, M=m, config=str(cand), us=t * 1e3,
