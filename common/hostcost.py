@@ -305,8 +305,8 @@ CASES = [
 ]
 
 #: The training cases: (model, B, H, S) with d = 64, causal, bf16, GPT-2's layout (q, k, v views of one qkv
-#: tensor [B, S, 3·H·d]). The floor applies at B·H 96-384 (the issue's GPT-2 small/medium training shapes);
-#: the issue's S = 1000, B 2 case is reported beside them.
+#: tensor [B, S, 3·H·d]). The floor applies at B·H 96-384 (GPT-2 small/medium training shapes);
+#: the S = 1000, B 2 case is reported beside them.
 TRAINING = [("small", 8, 12, 1024), ("small", 32, 12, 512), ("small", 2, 12, 1000), ("medium", 8, 16, 1024),
             ("medium", 24, 16, 512)]
 

@@ -83,3 +83,43 @@ def test_no_speed_figure_in_code(path):
     assert not found, (
         f"{_rel(path)} states measured speed figures (move them to lectures/results/ and cite the file): "
         + "; ".join(f"line {i}: {s!r}" for i, s in found))
+
+
+# ----------------------------------------------------------------------------- history in the text
+#: "issue #28", "issue 12", "PR #5", a bare "#28" (not a colour, not an anchor), "the eleventh session"
+HISTORY = re.compile(r"""\b(?:issues?|pull\ request)(?:\s+\#?|\s*\#)\d+\b|\b(?-i:PR)\s*\#\d+\b
+                        |(?<![\w&\#/"'])\#\d{1,2}\b(?![\w-])
+                        |\bsessions?\b""", re.X | re.I)
+#: "session" as pytest and Python mean it
+NOT_HISTORY = re.compile(r"""(?:test|pytest)\ sessions?|scope=["']session|sessions?_?start|["']session["']""",
+                         re.I | re.X)
+STUDENT_TEXT = [p for p in _tracked("assignments", "solutions", "common", "lectures", "README.md", "INSTRUCTORS.md",
+                                     "AUTHORING.md")
+                if p.suffix in (".md", ".ipynb", ".py", ".sh", ".cu", ".cuh", ".cpp", ".h")]
+
+
+def history(text: str) -> list[tuple[int, str]]:
+    """(line number, phrase) of each issue number or work session ``text`` cites."""
+    found = []
+    for i, line in enumerate(text.splitlines(), 1):
+        rest = NOT_HISTORY.sub("", line)
+        found += [(i, m.group(0)) for m in HISTORY.finditer(rest)]
+    return found
+
+
+def test_the_history_finder():
+    for s in ("decode changes of issue #28", "Issue 12's floors", "(#28; commit", "the eleventh session",
+              "before this session's changes", "a GPU session can"):
+        assert history(s), s
+    for s in ("the consumer issues its GEMMs", "the test session's fixtures", 'scope="session"', "color #333",
+              "a07c (#1f77b4)", "README.md#the-grader", "sm_90 has 132 SMs"):
+        assert not history(s), s
+
+
+@pytest.mark.parametrize("path", STUDENT_TEXT, ids=_rel)
+def test_no_issue_number_or_session_in_the_text(path):
+    """Handouts, lectures, results and code say what the course teaches, not how it was made
+    (EXPERIMENTS.md may cite commits)."""
+    found = history(path.read_text(errors="replace"))
+    assert not found, (f"{_rel(path)} cites the project's history (say what the course teaches instead): "
+                       + "; ".join(f"line {i}: {s!r}" for i, s in found))

@@ -153,7 +153,7 @@ def _geomean(values) -> float:
 
 
 def matmul_real_row() -> list[str]:
-    """The real-shape sweep (issue #12): floors judged as the minimum over the GPT-2 shapes."""
+    """The real-shape sweep: floors judged as the minimum over the GPT-2 shapes."""
     rows = [r for r in _rows("a06_matmul_real_shapes.csv") if r["ratio"] and r["impl"] != "cuBLAS"]
     kernels = (("Triton", "bfloat16", "Triton bf16", 0.85), ("Triton tf32", "float32", "TF32", 0.8),
                ("CUDA v7", "bfloat16", "v7", 0.8))
@@ -174,7 +174,7 @@ def matmul_real_row() -> list[str]:
 
 
 def attention_real_row() -> list[str]:
-    """The real-shape sweep (issue #12): floors judged as the minimum over every shape."""
+    """The real-shape sweep: floors judged as the minimum over every shape."""
     rows = [r for r in _rows("a07_real_shapes.csv") if r["ratio_fwd"]]
 
     def where(r):
@@ -254,7 +254,7 @@ def gpt2_row() -> list[str]:
     return [stage, result, f"decode ≥ 3x eager at batch 1, ≥ 1.0x compiled; prefill ≥ 1.0x eager: {_status(misses)}"]
 
 
-#: The decode step's floors (issue #28): share of the copy bandwidth at batch 1, prompt 100, and XL at 16 x 500
+#: The decode step's floors: share of the copy bandwidth at batch 1, prompt 100, and XL at 16 x 500
 DECODE_FLOORS = {("small", "1", "100"): 0.30, ("medium", "1", "100"): 0.40, ("large", "1", "100"): 0.50,
                  ("xl", "1", "100"): 0.60, ("xl", "16", "500"): 0.65}
 

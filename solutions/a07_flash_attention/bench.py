@@ -322,7 +322,7 @@ def plots(rows, mem):
 REAL_S = (512, 1024, 2048, 4096, 8192, 16384, 1000, 1537)
 #: output and gradients against SDPA's before timing (bf16: ~1e-2 apart when right)
 REAL_TOL = 3e-2
-#: The floors of issue #12: the ratio to SDPA (SDPA time / Triton time) of each pass.
+#: The course's floors at real shapes: the ratio to SDPA (SDPA time / Triton time) of each pass.
 REAL_FLOORS = {"fwd": 0.9, "fwd+bwd": 0.8}
 REAL_COLS = ["S", "d", "causal", "B", "H", "BH", "dtype", "triton_fwd_ms", "triton_bwd_ms", "sdpa_fwd_ms",
              "sdpa_bwd_ms", "triton_fwd_tflops", "sdpa_fwd_tflops", "triton_fwdbwd_tflops", "sdpa_fwdbwd_tflops",
@@ -433,7 +433,7 @@ def report_real(rows, out: Path, cmd: str):
     if dev.startswith("cpu"):
         lines += ["**CPU smoke run (Triton interpreter, fp32, wall-clock times): these numbers say nothing "
                   "about speed.**", ""]
-    lines += ["## Floors (issue #12)", "", "| pass | floor | shapes timed | min ratio | at | geomean | |",
+    lines += ["## Floors", "", "| pass | floor | shapes timed | min ratio | at | geomean | |",
               "|---|---|---|---|---|---|---|"]
     for (label, need), key in zip(REAL_FLOORS.items(), ("ratio_fwd", "ratio_fwdbwd")):
         s = real_summary(rows, key)
