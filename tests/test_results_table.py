@@ -51,7 +51,8 @@ def test_marked_figures_agree_with_their_results_files():
     file gives (python lectures/_tools/results_table.py --check)."""
     files = results_table.marked_files()
     marked = [f for f in files if "<!-- fig " in f.read_text()]
-    assert REPO / "assignments" / "a03_fused_linear" / "README.md" in marked
+    for stage in ("a03_fused_linear", "a06_matmul", "a07_flash_attention"):
+        assert REPO / "assignments" / stage / "README.md" in marked, stage
     assert results_table.check_figures(files) == []
 
 
@@ -148,3 +149,23 @@ def test_every_file_in_results_is_cited():
                    for g, t in texts.items()):
             uncited.append(rel)
     assert not uncited, f"files in lectures/results/ that nothing cites (remove them, or cite them): {uncited}"
+
+
+def test_a04_a05_handout_tables_are_the_results_file():
+    """The reference table of stages 4 and 5 (n = 2^26) is lectures/results/a04_a05_gelu.csv, cell by cell."""
+    import csv
+    import math
+    with open(REPO / "lectures" / "results" / "a04_a05_gelu.csv", newline="") as f:
+        rows = {(r["dtype"], r["impl"]): r for r in csv.DictReader(f) if r["n"] == str(1 << 26)}
+    for stage in ("a04_cuda_gelu", "a05_triton_gelu"):
+        text = (REPO / "assignments" / stage / "README.md").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("| fp32 | ", "| bf16 | ")) and ln.count("|") == 8]
+        assert len(lines) == 14, (stage, lines)
+        for ln in lines:
+            dtype, op, ms, gbps, of_copy, vs, _kernels = [c.strip() for c in ln.strip("|").split("|")]
+            r = rows[(dtype, op)]
+            vs_ref = float(r["vs_F.gelu"])
+            assert ms == f"{float(r['ms']):.4f}", (stage, ln, "ms")
+            assert gbps == f"{float(r['GBps']):.0f}", (stage, ln, "GB/s")
+            assert of_copy == f"{100 * float(r['of_copy']):.1f}%", (stage, ln, "of copy")
+            assert vs == ("-" if math.isnan(vs_ref) else f"{vs_ref:.3f}x"), (stage, ln, "vs F.gelu")

@@ -14,7 +14,8 @@ is wrapped at ``WIDTH`` characters a line (a markdown table row cannot wrap).
 A figure in a handout or the README that is read from a results file carries a marker right after it,
 ``1.078x<!-- fig a01_a03_linear.csv vs_F_linear dtype=float32 tokens=1024 shape=768->3072 layer=F.linear -->``:
 the CSV, a column, and the rows' selection (``key=value``; quote a value with spaces); several rows give a
-range (``0.945-1.194``). ``fmt=.3f`` formats each number, ``unit=x`` follows the figure. Or a name of
+range (``0.945-1.194``), or one number with ``agg=min``, ``max`` or ``geomean``. ``fmt=.3f`` formats each
+number, ``unit=x`` follows the figure. Rows with an empty value in the column are left out. Or a name of
 ``FIGURES`` instead of a column, for a figure computed from several rows: ``<!-- fig a01_a03_linear.csv
 roundtrip_bf16 -->``. :func:`check_figures` says where the text before a marker differs from what the file
 gives. ``tests/test_results_table.py`` runs both checks. Uses only the standard library.
@@ -391,14 +392,17 @@ def figure(spec: str) -> str:
     if (file, what) in FIGURES and not rest:
         return FIGURES[(file, what)]()
     opts = dict(kv.split("=", 1) for kv in rest)
-    fmt, unit = "{:" + opts.pop("fmt", "") + "}", opts.pop("unit", "")
+    fmt, unit, agg = "{:" + opts.pop("fmt", "") + "}", opts.pop("unit", ""), opts.pop("agg", "")
     rows = _rows(file)
     if not rows or what not in rows[0]:
         raise KeyError(f"{file} has no column {what!r} and FIGURES no {(file, what)!r}")
-    values = [_f(r[what]) for r in rows if all(r.get(k) == v for k, v in opts.items())]
+    values = [_f(r[what]) for r in rows if r[what] and all(r.get(k) == v for k, v in opts.items())]
     if not values:
         raise KeyError(f"no row of {file} has {opts}")
-    return _span(values, fmt, unit)
+    aggs = {"min": min, "max": max, "geomean": _geomean, "": None}
+    if agg not in aggs:
+        raise ValueError(f"agg={agg}: expected one of min, max, geomean")
+    return _span([aggs[agg](values)] if agg else values, fmt, unit)
 
 
 def check_figures(paths) -> list[str]:
