@@ -45,7 +45,9 @@ SPEED = re.compile(_NUM + r"""\s*(?:
     |\s?%\s+(?:of\s+(?:the\s+)?(?:copy|cuBLAS|SDPA|peak|bandwidth)|faster|slower)\b
     |(?:TB/s|GB/s|TFLOP/s|TFLOPS|GFLOP/s)
     |(?:µs|us|ms)\b
-)""", re.X)
+)
+|(?<![\w.])\d+\.\d+x?\s*(?:-|–|→|->)\s*\d+\.\d+x\b     # a measured range or change of ratios: 0.88-0.99x
+""", re.X)
 #: what a target says just before its figure: ">= 0.97x F.gelu", "at least 0.8x SDPA", "floor 0.8x SDPA"
 TARGET = re.compile(r"(?:>=|≥|<=|≤|\bat least|\bat most|\bfloor:?)\s*$")
 
@@ -66,12 +68,13 @@ CODE = [p for p in _tracked("assignments", "solutions", "common") if p.suffix ==
 def test_the_figure_finder_finds_figures_and_passes_targets():
     bad = ("1.02-1.11x cuBLAS at GPT-2 XL's qkv", "reads at 2.1 TB/s", "(H100: 0.64x -> 0.74x cuBLAS",
            "99.4% of copy", "a forward takes 0.1 ms", "1693 GB/s", "0.95x SDPA (490 TFLOP/s)",
-           "costs about 16 µs", "up to 5.5% slower", "11 % faster", "3.4x cheaper", "0.945x F.linear")
+           "costs about 16 µs", "up to 5.5% slower", "11 % faster", "3.4x cheaper", "0.945x F.linear",
+           "read the weight at 0.88-0.99x)", "4097^3 0.47x -> 0.78x")
     for s in bad:
         assert speed_figures(s), s
     good = (">= 0.97x F.gelu", "at least 0.8x SDPA's speed", "floor 0.8x SDPA", "≥ 90% of copy",
             "x @ w", "128x64 tiles", "f'{r:.2f}x cuBLAS'", "| a06 GB/s | cuBLAS GB/s |", "sm_90 TMA",
-            "timeout_ms", "10 x the fraction")
+            "timeout_ms", "10 x the fraction", "backward counted as 2.5x forward", "1.5x the PyTorch op")
     for s in good:
         assert not speed_figures(s), s
 
