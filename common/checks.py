@@ -69,8 +69,8 @@ def meta(x: torch.Tensor | None) -> tuple | None:
 
     A wrapper keys its checked plan on these (lecture 3, "Host overhead"): a call whose inputs match a key
     that passed the checks before passes them again, so it looks the plan up instead of checking and
-    deciding. That pays where the plan holds many checks and decisions (stage 8's gemv on the H100: 7.9 µs
-    for them against 1.8 µs for its key), not for a few checks (add_bias's three: about 1 µs either way).
+    deciding. That pays where the plan holds many checks and decisions (stage 8's gemv), not for a few
+    checks (add_bias's three cost what the key costs): EXPERIMENTS.md, "hostcost checked keys".
     Anything else raises AttributeError or TypeError, and the wrapper runs its checks, which say what is
     wrong."""
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)

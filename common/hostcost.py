@@ -20,7 +20,7 @@ kernel (Triton's own floor), and three numbers are taken per call:
 * ``gpu_us``: the GPU's time for the calls queued that way, back to back (CUDA events): the
   kernels alone, with no host gap between them.
 
-The floor (issue #29): ``eager_us <= max(1.5 x the PyTorch op, 1.5 x a bare launch x kernels
+The floor: ``eager_us <= max(1.5 x the PyTorch op, 1.5 x a bare launch x kernels
 launched)``, the three measured side by side in rounds (:func:`interleaved_us`). The training
 cases time an autograd step (flash forward + backward against SDPA's) at GPT-2 training shapes,
 with the inputs laid out as GPT-2's attention makes them (views of one fused qkv tensor); floor:
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from . import DEVICE, HAS_CUDA, TRITON_INTERPRET, native
 from .impl import Impl, add_impl_argument, command_line, results_dir
 
-#: The issue's floors: a course op may cost 1.5x the PyTorch op it replaces, or 1.5x a bare Triton
+#: The course's floors: a course op may cost 1.5x the PyTorch op it replaces, or 1.5x a bare Triton
 #: launch per kernel it launches, whichever is larger; a training step at least 0.8x SDPA's speed.
 OP_FACTOR, LAUNCH_FACTOR, TRAINING_FLOOR = 1.5, 1.5, 0.8
 FIELDS = ["kind", "key", "stage", "case", "kernels", "course_us", "torch_us", "bare_us", "ratio", "floor_us", "met",
@@ -305,8 +305,8 @@ CASES = [
 ]
 
 #: The training cases: (model, B, H, S) with d = 64, causal, bf16, GPT-2's layout (q, k, v views of one qkv
-#: tensor [B, S, 3·H·d]). The floor applies at B·H 96-384 (the issue's GPT-2 small/medium training shapes);
-#: the issue's S = 1000, B 2 case is reported beside them.
+#: tensor [B, S, 3·H·d]). The floor applies at B·H 96-384 (GPT-2 small/medium training shapes);
+#: the S = 1000, B 2 case is reported beside them.
 TRAINING = [("small", 8, 12, 1024), ("small", 32, 12, 512), ("small", 2, 12, 1000), ("medium", 8, 16, 1024),
             ("medium", 24, 16, 512)]
 
@@ -501,7 +501,7 @@ def compare(before: Path, after: Path, *, tolerance: float = 1.05) -> int:
         eb, ea, gb, ga = (float(rb["course_us"]), float(ra["course_us"]), float(rb["course_gpu_us"]),
                           float(ra["course_gpu_us"]))
         print(f"{case[:70]:<70} {eb:>12.1f} {ea:>8.1f} {eb / ea:>5.2f}x   {gb:>10.1f} {ga:>8.1f}")
-        if ga > tolerance * gb and ga - gb > 1.0:    # 1 µs: the timer's spread at these sizes
+        if ga > tolerance * gb and ga - gb > 1.0:    # the timer's spread at these sizes, in µs
             worse.append(case)
     for case in worse:
         print(f"GPU time got worse: {case}")

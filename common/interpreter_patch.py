@@ -328,8 +328,8 @@ def _patch_device_calls() -> None:
     ``InterpretedFunction.__call__`` calls ``_patch_lang``, which walks every member of tl, tl.core,
     tl.tensor and tl.math, and never restores that scope. Where every module the function sees is
     already patched, that walk finds no builtin left to replace and sets fresh copies of the same
-    wrappers: a no-op, which cost a quarter of the interpreter's time in stage 8's decode step (1.7 ms
-    a call, thousands of calls). A module is already patched when the running launch patched it
+    wrappers: a no-op, which cost a quarter of the interpreter's time in stage 8's decode step (thousands
+    of calls). A module is already patched when the running launch patched it
     (GridExecutor.__call__, restored when the launch ends, as Triton does), or when an earlier device
     call patched it: Triton never restores those, so they stay (tl.core, seen by triton.language.standard's
     functions, where the kernel's module imports only tl; the tensor and dtype classes those patches also

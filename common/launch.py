@@ -49,7 +49,8 @@ class Launcher:
     """``Launcher(kernel)[grid](*args, **kwargs)`` launches exactly what ``kernel[grid](*args, **kwargs)``
     launches, with Triton's per-call Python done once per key.
 
-    ``kernel[grid](...)`` spends about 10 µs of host time before the driver sees the launch: it
+    ``kernel[grid](...)`` spends host time before the driver sees the launch (lecture 3, "Host overhead";
+    lectures/results/hostcost.md): it
     reads the current device and stream, binds and specialises the arguments, builds the cache key
     (a string), looks the compiled kernel up, checks the kernel's globals and builds launch
     metadata. Only the binding depends on the call: Triton's own binder (native code) gives each
@@ -149,15 +150,15 @@ class Prepared:
     "Host overhead"), so that calls with one key pass the same integers and constexprs, and differ only
     in their tensors' addresses. Triton specialises a launch on exactly these: each integer (equal to 1?
     a multiple of 16? its width), each tensor's dtype and 16-byte alignment, the constexprs and options.
-    So, past a plan's first call, this skips Triton's binder and the launcher's key (about 16 µs of the
-    34 µs that a 27-argument gemv launch cost through :class:`Launcher` on one H100 host) and asks only
+    So, past a plan's first call, this skips Triton's binder and the launcher's key (about half of what a
+    27-argument gemv launch costs through :class:`Launcher`: lectures/results/hostcost.md) and asks only
     what can change: the current device, the launch hooks, Triton's debug and instrumentation knobs
     (the launcher's key has them), each tensor's dtype, 16-byte alignment and
     that it is on the GPU, and the integers (floats are not specialised). A launch made before for the
     same answers is reused (at most MAX_PREPARED of them); any other call goes through :class:`Launcher`
     (correct, as slow as before) and is remembered for the next. The launch takes each tensor's address
     as an integer: given a tensor, the native launch calls its ``data_ptr()`` and asks the driver about
-    the pointer (about 4 µs of a 27-argument launch on the H100 host). A tensor passed at several
+    the pointer (a share of a 27-argument launch: lectures/results/hostcost.md). A tensor passed at several
     positions (a wrapper's placeholder for unused pointers) is asked about once, while later calls pass
     it the same way. ``args`` are the kernel's runtime arguments in its order, positionally; the
     constexprs and options go in ``kwargs`` once, here. Under the interpreter, or with a Triton release

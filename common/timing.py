@@ -41,9 +41,9 @@ def fmt_ratio(x: float) -> str:
     return f"{x:.2f}x" if x == x else "-"
 
 
-#: How long the course's autotuners time each candidate config: 5 ms of warm-up and 25 ms of runs
-#: (Triton's default, 25 + 100 ms, spends over a second per new shape on a handful of configs:
-#: most of a cold test run went there). 25 ms is still hundreds of runs of a kernel of tens of
+#: How long, in milliseconds, the course's autotuners time each candidate config: warm-up, then runs
+#: (Triton's default, four times as long, spends over a second per new shape on a handful of configs:
+#: most of a cold test run went there). This is still hundreds of runs of a kernel of tens of
 #: microseconds and ten or more of a millisecond-long one, enough to rank configs.
 AUTOTUNE_WARMUP_MS, AUTOTUNE_REP_MS = 5, 25
 

@@ -64,7 +64,7 @@ _SQUARE = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (25
            (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3), (64, 128, 64, 4, 4),
            (128, 64, 64, 4, 4), (64, 64, 64, 4, 4)]
 #: 16-bit, K >= LONG_K (GPT-2's MLP down-projection, K = 4 d_model): K slices of 128 halve the loop's
-#: trips where few output tiles run (H100: 0.64x -> 0.74x cuBLAS at [512, 3072] x [3072, 768],
+#: trips where few output tiles run (faster at [512, 3072] x [3072, 768] on the H100:
 #: EXPERIMENTS.md (a06_try), variant bk128).
 _LONG_K = [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3)]
 LONG_K = 2048
@@ -74,12 +74,12 @@ _SKINNY = [(16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (16, 128, 128, 4, 3), (32, 
            (64, 64, 128, 4, 3), (64, 128, 64, 4, 4)]
 #: Unaligned rows, M > 64, tried with PREFETCH beside the aligned set (which won where K is short, e.g.
 #: the LM head [T, 768] x [768, 50257]): Triton does not pipeline such loads, so one stage (no
-#: shared-memory ring to fill) and K slices of 32-64 (the prefetched slice lives in registers). H100,
-#: bf16: 4097^3 0.47x -> 0.78x cuBLAS, [3000, 1000] x [1000, 777] 0.61x -> 0.84x (a06_matmul_real_shapes.md).
+#: shared-memory ring to fill) and K slices of 32-64 (the prefetched slice lives in registers): the
+#: unaligned shapes of lectures/results/a06_matmul_real_shapes.md (4097^3, [3000, 1000] x [1000, 777]).
 _UNALIGNED = [(128, 128, 32, 8, 1), (128, 128, 64, 8, 1), (64, 128, 32, 4, 1), (128, 256, 32, 8, 1)]
-#: Unaligned and M <= 64, tried beside _SKINNY (which won at M = 64), no PREFETCH (0.52x, below these
-#: configs' 0.62x): small per-thread tiles that do not spill (16x128x128 spilled 0.5-10 KB);
-#: [1, 768] x [768, 50257] 0.52x -> 0.63x cuBLAS (a06_matmul_real_shapes.md).
+#: Unaligned and M <= 64, tried beside _SKINNY (which won at M = 64), no PREFETCH (slower than these
+#: configs): small per-thread tiles that do not spill (16x128x128 spilled); the LM head at one
+#: token, [1, 768] x [768, 50257], in lectures/results/a06_matmul_real_shapes.md.
 _UNALIGNED_SKINNY = [(16, 64, 64, 4, 1), (16, 128, 32, 4, 1), (16, 32, 128, 4, 1), (16, 128, 64, 8, 1)]
 
 
@@ -367,9 +367,9 @@ def _plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activatio
     c2 = torch.empty((m, n), dtype=a.dtype, device="meta")         # the layout of out.view(m, n)
     tf32 = allow_tf32 and a.dtype == torch.float32
     # fp32 with TF32 and b N-major (a row-major weight [K, N]): TF32 wgmma reads an operand in shared
-    # memory K-major only, so b would be transposed by 4-byte copies (H100: 0.27x cuBLAS). Computing
-    # C^T = B^T A^T instead puts b where wgmma's A goes (from registers, any layout) and a K-major
-    # a where its B goes: 0.85-0.98x (EXPERIMENTS.md (a06_try), tf32_swap). Timed at
+    # memory K-major only, so b would be transposed by 4-byte copies (a few times slower than cuBLAS).
+    # Computing C^T = B^T A^T instead puts b where wgmma's A goes (from registers, any layout) and a
+    # K-major a where its B goes (EXPERIMENTS.md (a06_try), tf32_swap). Timed at
     # M >= 1793 only: few rows (M <= 64) keep the skinny configs, unswapped, as before.
     swap = tf32 and m > 64 and b.stride(1) == 1 and n > 1 and a2.stride(1) == 1 and k > 1
     x, y, z, mm, nn = (b.t(), a2.t(), c2.t(), n, m) if swap else (a2, b, c2, m, n)

@@ -1,4 +1,4 @@
-"""Issue #29: what one eager call of a Triton kernel costs through each way of registering it as a torch op,
+"""What one eager call of a Triton kernel costs through each way of registering it as a torch op,
 and whether torch.compile(fullgraph=True) still traces each one (measured, not shipped).
 
     python lectures/_tools/hostcost_registration.py     # GPU: real launches; CPU: launches stubbed

@@ -5,7 +5,7 @@
 One group of bars per benched case (GPT-2 small to XL at batch 1, prompt 100; XL at batch 16, prompt 500),
 one bar per path of ``bench --step`` (the a06 matmul, the a08 gemv, the gemv with PDL): the step's bytes
 (every weight + the KV cache read per step) over its time, as a share of the measured copy bandwidth.
-A black tick marks each case's floor (issue #28)."""
+A black tick marks each case's floor."""
 from __future__ import annotations
 
 import csv

@@ -14,8 +14,8 @@ profiles each for host transfers and kernels per call.
 Times are medians of CUDA-event timings with L2 flushed (common.timing.bench); the
 fast layers are timed in 5 interleaved rounds (order rotated) and the median round kept,
 both eagerly (what a Python caller sees, launch overhead included) and as CUDA-graph
-replays (GPU time alone: at 1024 tokens in bf16 the GEMM takes ~13 us, less than the
-Python work that issues it).
+replays (GPU time alone: at 1024 tokens in bf16 the GEMM is shorter than the Python work
+that issues it; compare the two columns of lectures/results/a01_a03_linear.md).
 """
 from __future__ import annotations
 

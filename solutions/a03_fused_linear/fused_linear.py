@@ -7,11 +7,10 @@ No host transfers at all. Two ways to get the bias onto the GPU:
   kernel, y written once.
 
 W^T is passed as a *view* of the [out, in] weight (``weight.t()``): no data moves,
-cuBLAS just reads the operand with the other transpose flag. Keeping the weight
-[out, in] (both GEMM operands contiguous along K) is also what Hopper's tensor-core
-kernels prefer: on the H100 a contiguous [in, out] copy of W^T was up to 5.5% slower
-(0.945x F.linear, fp32, 32768 tokens) at GPT-2 shapes (see lectures/results/a01_a03_linear.md). Stage 2's lesson stands:
-never *copy* or move the weight per call; a transposed view costs nothing.
+cuBLAS just reads the operand with the other transpose flag. A contiguous [in, out]
+copy of W^T is no consistent win at GPT-2 shapes: faster at some, slower at others
+(the rows "addmm, W^T contiguous copy" of lectures/results/a01_a03_linear.md). Stage 2's
+lesson stands: never *copy* or move the weight per call; a transposed view costs nothing.
 * ``backend="triton"``: the GEMM (``x @ W^T``), then :func:`add_bias_` in place:
   two kernels, y written by the GEMM and then read and written again by the
   bias kernel (2·M·N·itemsize extra bytes). Shown for comparison.

@@ -16,7 +16,7 @@ against PyTorch in the same run, on a CUDA GPU:
   (``dst.copy_(x)``, same bytes moved) measured in the same run: the ceiling for
   any elementwise op;
 * kernels per call from ``common.profiling.profile``;
-* the floors of the issue at 2^26 elements: CUDA and Triton op >= 90 % of copy and
+* the floors at 2^26 elements: CUDA and Triton op >= 90 % of copy and
   >= 0.97x F.gelu(approximate="tanh"), fp32 and bf16.
 
 Writes ``a04_a05_gelu.md`` / ``.csv`` / ``.png`` (GB/s against size) under ``--out``

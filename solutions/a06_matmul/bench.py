@@ -275,7 +275,7 @@ REAL_FP32 = {("gpt2", f"small {g} T=2048") for g in ("qkv", "attn-proj", "mlp-up
     ("cube", "1793^3")}
 #: each kernel's output against cuBLAS's before it is timed (bf16 outputs: ~4e-3 apart when right)
 REAL_TOL = 2e-2
-#: The floors of issue #12: (kernel, dtype, its baseline, floor), judged at the GPT-2 shapes.
+#: The course's floors at real shapes: (kernel, dtype, its baseline, floor), judged at the GPT-2 shapes.
 REAL_FLOORS = [("Triton", "bfloat16", "cuBLAS", 0.85), ("Triton tf32", "float32", "cuBLAS tf32", 0.8),
                ("CUDA v7", "bfloat16", "cuBLAS", 0.8)]
 REAL_SECTIONS = {"gpt2": "GPT-2 shapes (512-16384 tokens)", "decode": "GPT-2 small, decode-sized and odd T",
@@ -336,7 +336,7 @@ def report_real(rows: list[dict], out: Path, cmd: str, versions: str = ""):
     if dev.startswith("cpu"):
         md += ["**CPU smoke run (Triton interpreter, wall-clock times): these numbers say nothing about "
                "speed.**", ""]
-    md += ["## Floors (issue #12), judged at the GPT-2 shapes", "",
+    md += ["## Floors, judged at the GPT-2 shapes", "",
            "| kernel | dtype | vs | floor | shapes timed | min ratio | at | geomean | |",
            "|---|---|---|---|---|---|---|---|---|"]
     for impl, dt, base, need in REAL_FLOORS:

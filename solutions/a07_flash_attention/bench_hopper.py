@@ -6,7 +6,7 @@
 bf16, B*S = 16384 tokens, H = 16, causal and not; each time is the median of
 common.timing.bench (CUDA events through do_bench, L2 flushed between runs); TFLOP/s from
 common.roofline.attention_flops (4·S²·d per head, halved when causal). Each case also checks the
-output against SDPA's (relative error, printed). The floor the issue sets: >= 1.0x SDPA's
+output against SDPA's (relative error, printed). The course's floor: >= 1.0x SDPA's
 forward at d = 128, S >= 2048 (the `ok` column). Writes a07c_flash_hopper.csv / .md to --out
 (default common.impl.results_dir).
 """

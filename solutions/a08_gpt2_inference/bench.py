@@ -332,7 +332,7 @@ PATHS = {"a06 matmul": dict(decode_gemv=False, pdl=False),
          "gemv": dict(decode_gemv=True, pdl=False),
          "gemv + PDL, unfused": dict(decode_gemv=True, pdl=True, fuse_epilogues=False),
          "gemv + PDL": dict(decode_gemv=True, pdl=True)}
-#: --step's cases when --models/--batches/--prompts are not given: the issue's floors (batch 1, prompt
+#: --step's cases when --models/--batches/--prompts are not given: the course's floors (batch 1, prompt
 #: 100, every size; XL at batch 16 and prompt 500).
 STEP_CASES = [("small", 1, 100), ("medium", 1, 100), ("large", 1, 100), ("xl", 1, 100), ("xl", 16, 500)]
 STEPS = 50          # replays per timing run (--step, --profile)

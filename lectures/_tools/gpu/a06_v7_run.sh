@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage 6, CUDA v7 (persistent blocks, tile shape per problem; issue #12) on the H100:
+# Stage 6, CUDA v7 (persistent blocks, tile shape per problem) on the H100:
 #   OUT=/some/dir bash lectures/_tools/gpu/a06_v7_run.sh      (from the repository root)
 # 1. the CUDA tests on solutions/ (v7's every tile shape with many tiles per block included),
 # 2. compute-sanitizer memcheck over each tile shape, 3. each tile shape and the kernel's own pick

@@ -1,4 +1,4 @@
-"""Stage 6, CUDA v7 (issue #12): each tile shape of the persistent kernel, and its own pick, at every
+"""Stage 6, CUDA v7: each tile shape of the persistent kernel, and its own pick, at every
 shape of the real-shape sweep v7 can run (K and N multiples of 8), against cuBLAS in the same process.
 
     python3 lectures/_tools/gpu/a06_v7_tiles.py --out DIR     # H100: DIR/a06_v7_tiles.{md,csv}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Stage 7c (issue #12) on an H100, in ONE command (under 600 s; logs and results in $OUT):
+# Stage 7c on an H100, in ONE command (under 600 s; logs and results in $OUT):
 #   bash lectures/_tools/gpu/a07c_run.sh
 # 1. build.log    GPU, versions, ptxas register/spill report (nvcc -Xptxas -v, sm_90a), the op's
 #                 build through common.cuda_ext.load_op (timed), and a smoke run of each

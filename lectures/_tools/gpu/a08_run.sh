@@ -1,15 +1,15 @@
 #!/bin/bash
-# Stage 8 GPU session (H100): one device call per mode, logs and tables under $OUT.
+# Stage 8 on a GPU (H100): one device call per mode, logs and tables under $OUT.
 #   bash lectures/_tools/gpu/a08_run.sh tests     # stage-8 tests, then the a06/a07 Triton tests (their launch code changed)
 #   bash lectures/_tools/gpu/a08_run.sh bench     # the benchmark: GPT-2 small and medium, prompts 128/960, batch 1/8/64
 #   MODELS=small BATCHES="1" bash lectures/_tools/gpu/a08_run.sh bench    # a subset
 #   bash lectures/_tools/gpu/a08_run.sh stubs     # stage-8 graded tests on the untouched stubs (none may pass)
-# Decode at the memory wall (issue #28), each mode one device call of at most 10 minutes, the table last:
+# Decode at the memory wall, each mode one device call of at most 10 minutes, the table last:
 #   bash lectures/_tools/gpu/a08_run.sh gemv      # per-kernel decode-GEMM GB/s: gemv, a06, cuBLAS (+ XL config sweep)
 #   bash lectures/_tools/gpu/a08_run.sh step      # decode-step ms and % of bandwidth: the floors' cases, 3 paths
 #   bash lectures/_tools/gpu/a08_run.sh profile   # decode-step profile of GPT-2 small and XL: kernels, gaps, PDL
-# The engine as users expect one (issue #30): bad ids, head sizes 80/96, EOS, streaming, sampling (~5 min):
-#   bash lectures/_tools/gpu/a08_run.sh issue30   # its tests (a08 + the a07 forward's head dims), then bench --sampling
+# The engine as users expect one: bad ids, head sizes 80/96, EOS, streaming, sampling (~5 min):
+#   bash lectures/_tools/gpu/a08_run.sh engine     # its tests (a08 + the a07 forward's head dims), then bench --sampling
 set -u
 OUT=${OUT:-/tmp/a08_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/ext
@@ -32,10 +32,10 @@ for mode in "$@"; do
              --out "$OUT/a08" 2>&1 | tee "$OUT/gemv.log" | tail -80 ;;
     step) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --step ${STEP_ARGS:-} \
              --out "$OUT/a08" 2>&1 | tee "$OUT/step.log" | tail -40 ;;
-    issue30) timeout ${TEST_TIMEOUT:-230} python3 -m pytest tests/test_a08_gpt2_inference.py \
+    engine) timeout ${TEST_TIMEOUT:-230} python3 -m pytest tests/test_a08_gpt2_inference.py \
              tests/test_a07_flash_attention.py --impl solutions -q -rs --durations=10 -k "bad_token or head_size or \
              not_a_power or eos or sampl or sample_kernel or decode_attention or write_kv or check_their_inputs or \
-             gpt2_small_64 or switches" 2>&1 | tee "$OUT/pytest_issue30.log" | tail -25
+             gpt2_small_64 or switches" 2>&1 | tee "$OUT/pytest_engine.log" | tail -25
              timeout ${BENCH_TIMEOUT:-220} python3 -m solutions.a08_gpt2_inference.bench --sampling --models small \
              --batches ${BATCHES:-1 8} --prompts 128 --out "$OUT/a08" 2>&1 | tee "$OUT/sampling.log" | tail -20 ;;
     profile) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a08_gpt2_inference.bench --profile \

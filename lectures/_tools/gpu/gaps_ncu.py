@@ -1,4 +1,4 @@
-"""Issue #12: Nsight Compute at the shapes where the reference kernels miss their floors.
+"""Nsight Compute at the shapes where the reference kernels miss their floors.
 
     OUT=/some/dir bash lectures/_tools/gpu/gaps_ncu.sh     # H100, about 2 minutes
     python3 lectures/_tools/gpu/gaps_ncu.py CASE            # the profiled program (ncu runs it)

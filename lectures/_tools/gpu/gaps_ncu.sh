@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #12: Nsight Compute at the real-shape sweeps' losing shapes (gaps_ncu.py says which), each
+# Nsight Compute at the real-shape sweeps' losing shapes (gaps_ncu.py says which), each
 # case in its own process, clocks not locked (--clock-control none: the clocks the benches run at).
 # Sections: speed of light, compute workload, launch, occupancy, warp state, scheduler.
 #   OUT=/some/dir bash lectures/_tools/gpu/gaps_ncu.sh

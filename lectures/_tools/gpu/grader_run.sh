@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The grader before and after fresh-input timing (issue #27), on the GPU machine, from the repository root:
+# The grader before and after fresh-input timing, on the GPU machine, from the repository root:
 #   OLD=path/to/a/checkout/of/the/old/commit STEP=before OUT=/some/dir bash lectures/_tools/gpu/grader_run.sh
 #   STEP=after  OUT=/some/dir bash ...     the new grader on solutions/, graded tests included (full marks?)
 #   STEP=gpu    OUT=/some/dir bash ...     the GPU-only tests of the new timing and the GPU mutants

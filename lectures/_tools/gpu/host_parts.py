@@ -1,4 +1,4 @@
-"""Where the host time of the eager calls that miss issue #29's floors goes, part by part (H100).
+"""Where the host time of the eager calls that miss the host-cost floors goes, part by part (H100).
 
     python lectures/_tools/gpu/host_parts.py [--rounds 7]
 
@@ -55,7 +55,7 @@ _NEW = (cl.Launcher.run, cl.Prepared.__call__, checks.check_same)
 
 
 def legacy(memo=False, ints=False, same=False):
-    """Put back the common.launch / common.checks code of before this session, part by part (True: old)."""
+    """Put back the common.launch / common.checks code of before the wrappers' cuts, part by part (True: old)."""
     cl.Launcher.run = cl.Launcher._run if memo else _NEW[0]
     cl.Prepared.__call__ = _old_prepared_call if ints else _NEW[1]
     checks.check_same = _old_check_same if same else _NEW[2]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #29 on the H100, in one call (about 8 minutes): the host cost of every course op, BEFORE and AFTER the
-# wrappers' cuts, in the same session; the registration experiment; the GPU tests of the stages touched.
+# The host cost on the H100, in one call (about 8 minutes): the host cost of every course op, BEFORE and AFTER the
+# wrappers' cuts, on the same machine; the registration experiment; the GPU tests of the stages touched.
 #
 # Prepare the "before" tree once, here (an ignored folder: the solutions as they were before the cuts; 98146cf
 # for the first round of cuts, 6249f65 for the second):

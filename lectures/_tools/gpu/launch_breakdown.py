@@ -1,4 +1,4 @@
-"""Issue #29: where one eager call of a course op spends its host time, piece by piece (GPU only).
+"""Where one eager call of a course op spends its host time, piece by piece (GPU only).
 
     PYTHONPATH=. python lectures/_tools/gpu/launch_breakdown.py [IMPL]
 

@@ -1,4 +1,4 @@
-"""Issue #29: what one launch costs from Python, four ways (GPU only; lectures/results/hostcost.md cites it).
+"""What one launch costs from Python, four ways (GPU only).
 
     PYTHONPATH=. python lectures/_tools/gpu/launch_time.py
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Batch grading across the GPUs of one machine (issue #7): four submissions, one grading
+# Batch grading across the GPUs of one machine: four submissions, one grading
 # process per GPU at a time (common.grade --submissions). Run from the repository root:
 #   OUT=/some/dir bash lectures/_tools/gpu/multi_gpu_run.sh
 #   STAGES=a02,a05 (default: two quick stages, no CUDA build), TESTS=1 (also the pytest part)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue #33 on a GPU (the H100): what the CPU cross-compile cannot show. Logs under $OUT.
+# Portability on a GPU (the H100): what the CPU cross-compile cannot show. Logs under $OUT.
 #   bash lectures/_tools/gpu/portability_run.sh                 # facts, tests, ab
 #   STEPS="facts tests" bash lectures/_tools/gpu/portability_run.sh
 # facts  what the kernels now ask of the device (common.gpu), and which CUDA versions it refuses
@@ -7,8 +7,8 @@
 #        which did not fit an H100 before, and no fallback for the 16-bit tables), the CUDA versions'
 #        skips and refusals, stages 6-8 with the device-derived matmul pruning (~4 min cold)
 # ab     the grader's timing of stages 6, 7, 8 (--no-tests: trials and timed cases) for this tree and for
-#        BASE (default e9b6b3c, the last commit before issue #33) checked out in a temporary git worktree,
-#        one after the other in this session: the speedups should agree within the runs' spread (~3 min each)
+#        BASE (default e9b6b3c, the last commit before the device-derived limits) checked out in a temporary git worktree,
+#        one after the other on the same machine: the speedups should agree within the runs' spread (~3 min each)
 set -u
 OUT=${OUT:-/tmp/portability_out}; mkdir -p "$OUT"
 BASE=${BASE:-e9b6b3c}

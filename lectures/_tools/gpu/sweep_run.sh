@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #12 on the H100: the real-shape sweeps of stages 6 and 7 in one device call (< 600 s),
+# On the H100: the real-shape sweeps of stages 6 and 7 in one device call (< 600 s),
 # eight files in $OUT (what a device call brings back):
 #   a06_matmul_real_shapes.{md,csv,png}  python -m solutions.a06_matmul.bench --shapes real
 #   a07_real_shapes.{md,csv,png}         python -m solutions.a07_flash_attention.bench --shapes real
