@@ -10,6 +10,20 @@ MUTANTS = [
            [("elif func is torch.ops.aten.copy_.default:", "elif False:")]),
     Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "same-device copies counted",
            [("src.device.type != dst.device.type:", "True:")]),
+    # Classified by the destination alone: every copy into a GPU counts as host-to-device (device-to-device
+    # and peer copies too).
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "device-to-device copies counted as host-to-device",
+           [("and src.device.type != dst.device.type:",
+             "and (src.device.type != dst.device.type or dst.device.type == \"cuda\"):"),
+            ("            if src.device.type == \"cpu\":\n                self.htod += 1",
+             "            if dst.device.type == \"cuda\":\n                self.htod += 1")],
+           expect=("counted htod=1",), grader=("HostTransferCounter on", "expected [[0, 0]]")),
+    # transfer_report taking a Memcpy DtoD (and PtoP) for a host-to-device copy: only a GPU run shows it.
+    Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "transfer_report counts Memcpy DtoD as HtoD",
+           [("        if \"memcpy\" in name and \"htod\" in name:",
+             "        if \"memcpy\" in name and \"dtoh\" not in name:")],
+           gpu=True, expect=("transfer_report on a device-to-device copy",),
+           grader=("transfer_report on a device-to-device copy",)),
     Mutant("a01_roundtrip_linear", "roundtrip_linear.py", "result of the op dropped",
            [("        return out\n        # END TODO(a01)\n\n\n@dataclass", "        return None\n        # END TODO(a01)\n\n\n@dataclass")]),
     Mutant("a01_roundtrip_linear", "answers.toml", "wrong answer", [("transfers_with_bias = 4", "transfers_with_bias = 5")]),
