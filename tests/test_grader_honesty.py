@@ -1,0 +1,86 @@
+"""The grader's checks that run without a GPU: work left on another stream (the verdict on what the
+timing worker read), eager timing said in the stage's row, and no reference within the submission's
+reach. The GPU side (common.timing.left_unjoined on a real call) is tests/test_a05_triton_gelu.py's
+test_output_joined_to_the_callers_stream and the mutant 'kernel on a private stream' (tests/mutants/exploit.py)."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import common
+from common.grade import judge
+from common.grade.result import WorkerResult
+from common.grade.score import FAIL, PASS
+from common.stages import by_key
+from common.timing import unjoined_difference
+
+
+def test_unjoined_difference_is_none_for_equal_reads():
+    a = torch.randn(5, 7)
+    a[0, 0] = float("nan")                      # a NaN read twice is the same NaN
+    assert unjoined_difference([a.clone(), torch.arange(4)], [a, torch.arange(4)]) is None
+
+
+def test_unjoined_difference_names_what_differs():
+    final = torch.randn(100)
+    early = final.clone()
+    early[60:] = float("nan")                   # the part the side stream had not written yet
+    found = unjoined_difference([torch.zeros(3), early], [torch.zeros(3), final])
+    assert found is not None and found.startswith("output 1: 40 of 100 elements"), found
+    assert "never joined back" in found
+
+
+def _case(how="cuda-graph replay", unjoined=""):
+    return dict(label="gelu 8192x3072 bf16", baseline_name="F.gelu", flops=1.0, bytes=1.0, how=how,
+                ms=[1.0, 1.0], baseline_ms=[1.0, 1.0], errors=[0.0, 0.0], eager_ms=None, baseline_eager_ms=None,
+                kernels_per_call=1, host_transfers_per_call=0, unjoined=unjoined)
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """The judge's timing verdict as on a GPU machine (its measured ceilings stubbed)."""
+    monkeypatch.setattr(common, "HAS_CUDA", True)
+    monkeypatch.setattr(judge, "_ceilings", lambda: {"gbps": 3000.0, "tflops": 800.0, "source": "test"})
+
+
+@pytest.mark.parametrize("case", [
+    _case(unjoined="output 0: 9 of 9 elements read on the caller's stream right after the call differ"),
+    _case(how="eager (graph capture failed: RuntimeError: CUDA error: operation not permitted when stream is "
+              "capturing: capturing stream has unjoined work)")], ids=["read_right_after", "capture"])
+def test_work_left_unjoined_fails_the_stage(on_a_gpu, case):
+    res = judge._judge_timing(by_key("a05"), {"error": None, "cases": [case]}, WorkerResult(correctness=PASS))
+    assert res.correctness == FAIL and res.speedup is None, res
+    assert "never joined back" in res.message and "No speed points" in res.message, res.message
+
+
+def test_eager_timing_is_said_in_the_row(on_a_gpu):
+    case = _case(how="eager (graph capture failed: RuntimeError: no graphs here)")
+    res = judge._judge_timing(by_key("a05"), {"error": None, "cases": [case]}, WorkerResult(correctness=PASS))
+    assert res.correctness == PASS and res.speedup == pytest.approx(1.0)
+    assert "timed eagerly, graph capture failed: RuntimeError: no graphs here" in res.message, res.message
+    assert "torch.cuda.synchronize()" in res.message
+
+
+def test_a_graph_replay_needs_no_note(on_a_gpu):
+    res = judge._judge_timing(by_key("a05"), {"error": None, "cases": [_case()]}, WorkerResult(correctness=PASS))
+    assert res.correctness == PASS and res.message == ""
+
+
+def test_the_worker_holds_no_reference(tmp_path):
+    """What the judge hands the worker (trials.pt) holds the inputs alone: no float64 tensor the shape of an
+    output, so a submission that searches its process (gc, frames, module globals) finds no answer."""
+    from common.grade.worker import TRIALS
+    import random
+    stage = by_key("a05")
+    trials = stage.trials(random.Random(5))
+    torch.save({"trials": [{"name": t.name, "call": t.call, "args": t.args} for t in trials]}, tmp_path / TRIALS)
+    refs = [t.ref for t in trials]
+    del trials
+    gc.collect()
+    loaded = torch.load(tmp_path / TRIALS, weights_only=True)
+    found = [v for tr in loaded["trials"] for v in tr["args"].values()
+             if isinstance(v, torch.Tensor) and v.dtype == torch.float64]
+    assert not found, f"the worker's inputs carry float64 tensors: {[tuple(t.shape) for t in found]}"
+    assert refs                                 # the judge keeps its references
