@@ -88,13 +88,17 @@ def test_add_bias_is_a_kernel(bias_mod):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_bias_inplace_unviewable(bias_mod, dtype):
     """A y whose leading dims cannot be viewed as [rows, N] (rows of a taller tensor): add_bias_ either
-    adds in place or raises ValueError, as its contract says; never a bias added into a copy, y unchanged."""
+    adds in place or raises ValueError (then add_bias takes it), as the contracts say; never a bias added
+    into a copy, y unchanged."""
     y = randn(3, 5, 24, dtype=dtype)[:, :4]
     b = randn(24, dtype=dtype)
     y0 = y.clone()
     try:
         out = bias_mod.add_bias_(y, b)
-    except ValueError:
+    except ValueError:           # refused, as the contract allows: add_bias takes such a y
+        assert torch.equal(y, y0), "add_bias_ raised ValueError after changing y"
+        assert_close(bias_mod.add_bias(y, b), ref.add_bias(y0, b), dtype=dtype, name="add_bias on a y not viewable "
+                     "as [rows, N]")
         return
     assert out is y, "add_bias_ must return y itself"
     assert not torch.equal(y, y0), ("add_bias_ left y unchanged: on a y that cannot be viewed as [rows, N], "
