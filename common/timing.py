@@ -307,7 +307,9 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
                 baseline(inp)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    unjoined = left_unjoined(lambda: submission(pool[0])) or ""
+    unjoined = left_unjoined(lambda: submission(pool[0]))
+    if unjoined:                       # the stage fails on it: nothing to time
+        return FreshTiming("not timed: work left unjoined", [], [], [], unjoined=unjoined)
 
     def capture(fn, inp):
         graph = torch.cuda.CUDAGraph()
@@ -319,8 +321,11 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
         subs = [capture(submission, inp) for inp in pool]
         how = "cuda-graph replay"
     except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+        why = f"graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        if "unjoined" in str(e):       # work forked onto another stream and never joined back
+            return FreshTiming(f"not timed ({why})", [], [], [], unjoined=why)
         torch.cuda.synchronize()
-        subs, how = None, f"eager (graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        subs, how = None, f"eager ({why})"
     eager = subs is None
     if subs is not None:
         bases = [capture(baseline, inp) for inp in pool]

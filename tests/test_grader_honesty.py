@@ -45,12 +45,22 @@ def on_a_gpu(monkeypatch):
     monkeypatch.setattr(judge, "_ceilings", lambda: {"gbps": 3000.0, "tflops": 800.0, "source": "test"})
 
 
-@pytest.mark.parametrize("case", [
-    _case(unjoined="output 0: 9 of 9 elements read on the caller's stream right after the call differ"),
-    _case(how="eager (graph capture failed: RuntimeError: CUDA error: operation not permitted when stream is "
-              "capturing: capturing stream has unjoined work)")], ids=["read_right_after", "capture"])
-def test_work_left_unjoined_fails_the_stage(on_a_gpu, case):
-    res = judge._judge_timing(by_key("a05"), {"error": None, "cases": [case]}, WorkerResult(correctness=PASS))
+#: what the timing worker sends for a case where it found work left unjoined (it measures nothing more)
+READ = dict(label="gelu 8192x3072 bf16", baseline_name="F.gelu", how="not timed: work left unjoined",
+            unjoined="output 0: 9 of 9 elements read on the caller's stream right after the call differ")
+CAPTURE = dict(READ, how="not timed (graph capture failed: RuntimeError: CUDA error: capturing stream has unjoined "
+                         "work)", unjoined="graph capture failed: RuntimeError: CUDA error: capturing stream has "
+                                          "unjoined work")
+
+
+@pytest.mark.parametrize("timing", [
+    {"error": None, "cases": [READ]}, {"error": None, "cases": [CAPTURE]},
+    {"error": None, "cases": [_case(how="eager (graph capture failed: RuntimeError: capturing stream has unjoined "
+                                        "work)")]},
+    {"error": "RuntimeError: the device broke after it", "cases": [_case(), READ]}],
+    ids=["read_right_after", "capture", "eager_after_an_unjoined_capture", "then_an_error"])
+def test_work_left_unjoined_fails_the_stage(on_a_gpu, timing):
+    res = judge._judge_timing(by_key("a05"), timing, WorkerResult(correctness=PASS))
     assert res.correctness == FAIL and res.speedup is None, res
     assert "never joined back" in res.message and "No speed points" in res.message, res.message
 

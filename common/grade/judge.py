@@ -235,12 +235,8 @@ def _judge_timing(stage, timing: dict | None, res: WorkerResult) -> WorkerResult
     if not timing:
         res.perf_note = "not timed"
         return res
-    if timing.get("error"):
-        res.perf_note = f"timing failed: {timing['error']}"
-        return res
-    timed, eager = [], []
-    for c in timing["cases"]:
-        unjoined = c.get("unjoined") or ("unjoined" in c["how"] and f"graph capture: {c['how']}")
+    for c in timing.get("cases", []):
+        unjoined = c.get("unjoined") or ("unjoined" in c.get("how", "") and f"graph capture: {c['how']}")
         if unjoined:
             res.correctness = FAIL
             res.message = (f"{c['label']}: work left on another stream, never joined back to the caller's "
@@ -248,6 +244,11 @@ def _judge_timing(stage, timing: dict | None, res: WorkerResult) -> WorkerResult
                            "written, and a timing on the caller's stream does not count that work. No speed points.")
             res.perf_note = "work left unjoined on another stream (no speed points)"
             return res
+    if timing.get("error"):
+        res.perf_note = f"timing failed: {timing['error']}"
+        return res
+    timed, eager = [], []
+    for c in timing["cases"]:
         if c["how"].startswith("eager"):
             eager.append(c["how"])
         errors = [float(e) for e in c["errors"]]
