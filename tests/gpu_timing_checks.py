@@ -54,9 +54,9 @@ def fresh_timing_catches_exploits():
 def side_stream_work_is_found_and_counted():
     """A matmul forked onto a private stream: never joined back, the timing finds it (the output read on
     the caller's stream right after the call, or the graph capture's "unjoined work") and measures
-    nothing; joined back, it is captured and timed like the same matmul on the caller's stream. A call
-    that cannot be captured is timed eagerly, each time ending after a device-wide synchronize: its
-    side-stream matmul counts (it times as the baseline does, not as free)."""
+    nothing; joined back, it is captured and timed like the same matmul on the caller's stream, and so
+    it is when it refuses capture and is timed eagerly (each time ending after a device-wide
+    synchronize): its side-stream matmul counts, never free."""
     import statistics
 
     from common.timing import bench_fresh, left_unjoined
