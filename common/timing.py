@@ -187,21 +187,30 @@ PROBE_BUSY_CYCLES = 3_000_000
 
 
 def left_unjoined(call: Callable[[], object], *, busy: bool = True) -> str | None:
-    """GPU: run ``call()`` and read its outputs on the caller's stream right after it returns, then again
-    after ``torch.cuda.synchronize()`` (which waits on every stream of the device): where they differ,
-    the call left work unjoined (:func:`unjoined_difference`'s message), else None. Twice: once as is
-    (work on a stream of its own starts at once and races the read) and, with ``busy``, once behind
-    :data:`PROBE_BUSY_CYCLES` of work on the caller's stream (work on a side stream that waits on the
-    caller's starts when the read does). At a size where the call's kernels take longer than a launch
-    (tens of microseconds), unjoined work shows; at tiny sizes it may finish first."""
+    """GPU: run ``call()`` and read its outputs as the caller's stream sees them right after it returns,
+    then again after ``torch.cuda.synchronize()`` (which waits on every stream of the device): where
+    they differ, the call left work unjoined (:func:`unjoined_difference`'s message), else None.
+
+    The read is a copy on a stream of the highest priority that waits on the caller's stream at the
+    point the call returned: it is ordered after everything the caller's stream holds, as a reader on
+    that stream is, and its blocks are dispatched before any pending block of an ordinary stream, so an
+    unjoined kernel still running or waiting loses the race. Twice: as is (work on a stream of its own
+    starts at once) and, with ``busy``, behind :data:`PROBE_BUSY_CYCLES` of work on the caller's stream
+    (work on a side stream that waits on the caller's becomes ready together with the read). At a size
+    where the call's kernels take longer than a launch (tens of microseconds), unjoined work shows."""
+    caller = torch.cuda.current_stream()
+    reader = torch.cuda.Stream(priority=-100)            # beyond the range: the highest priority there is
     for delay in ((False, True) if busy else (False,)):
         torch.cuda.synchronize()
         if delay:
             torch.cuda._sleep(PROBE_BUSY_CYCLES)
-        outs = _flat(call())
-        early = [o.detach().clone() for o in outs]         # on the caller's stream, right after the call
+        outs = [o.detach() for o in _flat(call())]
+        reader.wait_stream(caller)                       # what the caller's stream has, right after the call
+        with torch.cuda.stream(reader):
+            early = [o.clone() for o in outs]
+        caller.wait_stream(reader)
         torch.cuda.synchronize()
-        found = unjoined_difference(early, [o.detach() for o in outs])
+        found = unjoined_difference(early, outs)
         if found:
             return found
     return None
