@@ -218,13 +218,16 @@ class _Copies(TorchDispatchMode):
         if not op_matches(name, TORCH_COPIES) or in_interpreted_kernel():
             return out
         sources = args[1:2] if name.startswith("aten.copy") else tree_leaves(args)
-        for src in sources:
+        read = dict.fromkeys(self.watched, 0)     # elements of each watched tensor this op read, over all its
+        for src in sources:                      # arguments: torch.stack(w.unbind(0), 1) reads w row by row
             if not isinstance(src, torch.Tensor) or src.is_meta:
                 continue
             ptr = src.untyped_storage().data_ptr()
-            for n, t in self.watched.items():
-                if ptr == self.storages[n] and src.numel() >= t.numel() and t.numel():
-                    self.found.append(f"'{n}' {list(t.shape)} by {name}")
+            for n in self.watched:
+                if ptr == self.storages[n]:
+                    read[n] += src.numel()
+        self.found += [f"'{n}' {list(t.shape)} by {name}" for n, t in self.watched.items()
+                       if t.numel() and read[n] >= t.numel()]
         return out
 
 

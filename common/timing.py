@@ -155,6 +155,67 @@ def bench_graph(fn: Callable[[], object], *, rep_ms: float = 100,
     return Timing(float(ms), "cuda-graph", -1)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN equal to NaN (an output a kernel left NaN is the same NaN when read twice)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
+def unjoined_difference(early: list[torch.Tensor], final: list[torch.Tensor]) -> str | None:
+    """What differs between outputs read on the caller's stream right after a call (``early``) and the same
+    outputs once the whole device is synchronised (``final``), or None: any difference is work the call
+    left running on another stream, never joined back to the caller's. Pure (CPU tensors do), so the
+    verdict is testable without a GPU."""
+    for i, (e, f) in enumerate(zip(early, final)):
+        if not _same(e, f):
+            n = int((~((e == f) | (e.isnan() & f.isnan()))).sum()) if e.shape == f.shape and e.is_floating_point() \
+                else e.numel()
+            return (f"output {i}: {n} of {f.numel()} elements read on the caller's stream right after the call differ "
+                    "from the same output after torch.cuda.synchronize(): the call left work running on another "
+                    "stream, never joined back (join it: torch.cuda.current_stream().wait_stream(side), and "
+                    "out.record_stream(side) where side allocates)")
+    return None
+
+
+#: cycles the caller's stream is kept busy before a probed call (torch.cuda._sleep: about 2 ms on a
+#: GPU clocked near 1.5 GHz), so that work the call puts on a stream that waits on the caller's starts
+#: together with the read that follows the call
+PROBE_BUSY_CYCLES = 3_000_000
+
+
+def left_unjoined(call: Callable[[], object], *, busy: bool = True) -> str | None:
+    """GPU: run ``call()`` and read its outputs as the caller's stream sees them right after it returns,
+    then again after ``torch.cuda.synchronize()`` (which waits on every stream of the device): where
+    they differ, the call left work unjoined (:func:`unjoined_difference`'s message), else None.
+
+    The read is a copy on a stream of the highest priority that waits on the caller's stream at the
+    point the call returned: it is ordered after everything the caller's stream holds, as a reader on
+    that stream is, and its blocks are dispatched before any pending block of an ordinary stream, so an
+    unjoined kernel still running or waiting loses the race. Twice: as is (work on a stream of its own
+    starts at once) and, with ``busy``, behind :data:`PROBE_BUSY_CYCLES` of work on the caller's stream
+    (work on a side stream that waits on the caller's becomes ready together with the read). At a size
+    where the call's kernels take longer than a launch (tens of microseconds), unjoined work shows."""
+    caller = torch.cuda.current_stream()
+    reader = torch.cuda.Stream(priority=-100)            # beyond the range: the highest priority there is
+    for delay in ((False, True) if busy else (False,)):
+        torch.cuda.synchronize()
+        if delay:
+            torch.cuda._sleep(PROBE_BUSY_CYCLES)
+        outs = [o.detach() for o in _flat(call())]
+        reader.wait_stream(caller)                       # what the caller's stream has, right after the call
+        with torch.cuda.stream(reader):
+            early = [o.clone() for o in outs]
+        caller.wait_stream(reader)
+        torch.cuda.synchronize()
+        found = unjoined_difference(early, outs)
+        if found:
+            return found
+    return None
+
+
 @dataclass
 class FreshTiming:
     """What :func:`bench_fresh` measured: per timed call, the submission's and the baseline's GPU time
@@ -168,6 +229,8 @@ class FreshTiming:
     #: what a user calling it in a notebook or a training step sees (reported, not scored)
     eager_ms: float = float("nan")
     baseline_eager_ms: float = float("nan")
+    #: work the submission left running on another stream (:func:`left_unjoined`'s finding), or ""
+    unjoined: str = ""
 
 
 def eager_per_call(fn: Callable[[], object], *, calls: int = 20, runs: int = 3) -> float:
@@ -231,7 +294,11 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
     work only while being captured, memoises an output by the input's address, or returns what an
     earlier call computed, gives a wrong output on the next values: its error shows in ``errors``.
     If the submission cannot be captured, both are timed eagerly with the same refills and checks
-    (``how`` says so). The caller judges the errors and takes the medians.
+    (``how`` says so), and each eager time ends after ``torch.cuda.synchronize()``, which waits on every
+    stream of the device: work the call put on a stream of its own, never joined back to the caller's
+    (what makes a capture fail with "unjoined work"), is counted as a graph replay would count it.
+    Before timing, :func:`left_unjoined` reads the submission's output on the caller's stream right after
+    a call (``unjoined``: what differed). The caller judges the errors and takes the medians.
     """
     g = torch.Generator(device="cuda").manual_seed(seed)
     pool = [inputs(g) for _ in range(sets)]
@@ -249,6 +316,9 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
                 baseline(inp)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    unjoined = left_unjoined(lambda: submission(pool[0]))
+    if unjoined:                       # the stage fails on it: nothing to time
+        return FreshTiming("not timed: work left unjoined", [], [], [], unjoined=unjoined)
 
     def capture(fn, inp):
         graph = torch.cuda.CUDAGraph()
@@ -260,8 +330,12 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
         subs = [capture(submission, inp) for inp in pool]
         how = "cuda-graph replay"
     except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+        why = f"graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        if "unjoined" in str(e):       # work forked onto another stream and never joined back
+            return FreshTiming(f"not timed ({why})", [], [], [], unjoined=why)
         torch.cuda.synchronize()
-        subs, how = None, f"eager (graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        subs, how = None, f"eager ({why})"
+    eager = subs is None
     if subs is not None:
         bases = [capture(baseline, inp) for inp in pool]
         run_sub = [lambda k=k: (subs[k][0].replay(), subs[k][1])[1] for k in range(sets)]
@@ -284,10 +358,14 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
             s0, e0, s1, e1 = ev(), ev(), ev(), ev()
             s0.record()
             out = run_sub[k]()
+            if eager:                    # every stream's work done before the end mark (a replay joins them)
+                torch.cuda.synchronize()
             e0.record()
             flush.zero_()
             s1.record()
             base = run_base[k]()
+            if eager:
+                torch.cuda.synchronize()
             e1.record()
             errs[r] = _rel_err_on_device(out, base, scratch)
             marks.append((s0, e0, s1, e1))
@@ -300,7 +378,7 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
     ms, base_ms, errors = rounds(n)
     inp = pool[0]
     return FreshTiming(how, ms, base_ms, errors, eager_per_call(lambda: submission(inp)),
-                       eager_per_call(lambda: baseline(inp)))
+                       eager_per_call(lambda: baseline(inp)), unjoined)
 
 
 def bench_cpu(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> Timing:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from common.profiling import fake_cuda, profile, trace_ops
+from common.stages.a01 import COPY_CLASSES, copy_class, fake_copies, one_copy
 
 STAGE = "a01_roundtrip_linear"
 MOD = f"{STAGE}.roundtrip_linear"
@@ -79,6 +80,79 @@ def test_counter_matches_harness(mod, name):
             snippet(x, h)
     assert (mine.htod, mine.dtoh) == (ref.htod, ref.dtoh), (
         f"{name}: counted htod={mine.htod}, dtoh={mine.dtoh}; expected htod={ref.htod}, dtoh={ref.dtoh}")
+
+
+def _pair_id(p):
+    return f"{p[0]}->{p[1]}"
+
+
+@pytest.mark.parametrize("pair,how,cast", fake_copies(),
+                         ids=[f"{_pair_id(p)}-{h}-{'cast' if c else 'same_dtype'}" for p, h, c in fake_copies()])
+def test_counter_classifies_copy(mod, pair, how, cast):
+    """One copy of each class on fake tensors: host-to-device, device-to-host, device-to-device, peer
+    (GPU to GPU) and within the host, by .to() and by copy_(), with and without a cast on the way."""
+    src, dst = pair
+    with fake_cuda():
+        with mod.HostTransferCounter() as mine:
+            one_copy(src, dst, how, cast)
+        with trace_ops() as ref:
+            one_copy(src, dst, how, cast)
+    expected = COPY_CLASSES[pair]
+    assert (ref.htod, ref.dtoh) == expected, f"the harness counts ({ref.htod}, {ref.dtoh}) for {pair}"
+    assert (mine.htod, mine.dtoh) == expected, (
+        f"a {copy_class(src, dst)} copy {src} -> {dst} by {how}{' with a cast' if cast else ''}: counted "
+        f"htod={mine.htod}, dtoh={mine.dtoh}; expected htod={expected[0]}, dtoh={expected[1]} (only a copy between "
+        "the host and a device is a host transfer; classify it by both ends, source and destination)")
+
+
+def _real_pair(pair):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if "cuda:1" in pair and torch.cuda.device_count() < 2:
+        pytest.skip(f"a peer copy needs two GPUs; this machine has {torch.cuda.device_count()}")
+
+
+def _real_copy(pair, how, cast, shape=(64, 96)):
+    src, dst = pair
+    a = torch.randn(*shape, device=src)
+    out = torch.empty(*shape, dtype=torch.float16 if cast else a.dtype, device=dst)
+    torch.cuda.synchronize()
+    return (lambda: a.to(dst, out.dtype, copy=True)) if how == "to" else (lambda: out.copy_(a))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cast", [False, True], ids=["same_dtype", "cast"])
+@pytest.mark.parametrize("how", ["to", "copy_"])
+@pytest.mark.parametrize("pair", list(COPY_CLASSES), ids=_pair_id)
+def test_counter_classifies_real_copy(mod, pair, how, cast):
+    """The counter on real tensors, one copy of each class (peer copies: two GPUs)."""
+    _real_pair(pair)
+    copy = _real_copy(pair, how, cast)
+    with mod.HostTransferCounter() as mine:
+        copy()
+    torch.cuda.synchronize()
+    expected = COPY_CLASSES[pair]
+    assert (mine.htod, mine.dtoh) == expected, (
+        f"a {copy_class(*pair)} copy {pair[0]} -> {pair[1]} by {how}{' with a cast' if cast else ''} on real "
+        f"tensors: counted htod={mine.htod}, dtoh={mine.dtoh}; expected htod={expected[0]}, dtoh={expected[1]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cast", [False, True], ids=["same_dtype", "cast"])
+@pytest.mark.parametrize("how", ["to", "copy_"])
+@pytest.mark.parametrize("pair", list(COPY_CLASSES), ids=_pair_id)
+def test_transfer_report_classifies_copy(mod, pair, how, cast):
+    """transfer_report on one copy of each class: a device-to-device or peer memcpy (Memcpy DtoD, PtoP) is
+    no host transfer; the profiler's own count (common.profiling.profile) is the reference."""
+    _real_pair(pair)
+    copy = _real_copy(pair, how, cast)
+    rep = mod.transfer_report(copy, calls=4)
+    ref = profile(copy, calls=4)
+    assert (ref.htod, ref.dtoh) == COPY_CLASSES[pair], f"the harness's profile counts ({ref.htod}, {ref.dtoh})"
+    assert (rep.htod_per_call, rep.dtoh_per_call) == (ref.htod, ref.dtoh), (
+        f"transfer_report on a {copy_class(*pair)} copy {pair[0]} -> {pair[1]} by {how}"
+        f"{' with a cast' if cast else ''}: HtoD {rep.htod_per_call}, DtoH {rep.dtoh_per_call} per call; the "
+        f"profiler shows HtoD {ref.htod}, DtoH {ref.dtoh} (a Memcpy DtoD or PtoP is no host transfer)")
 
 
 def test_counter_keeps_results(mod):

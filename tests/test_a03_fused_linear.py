@@ -41,10 +41,10 @@ def test_add_bias(bias_mod, dtype, shape):
 def test_add_bias_inplace(bias_mod, dtype, shape):
     y = randn(*shape, dtype=dtype)
     b = randn(shape[-1], dtype=dtype)
-    expected = ref.add_bias(y, b)
+    y0 = y.clone()              # the reference is computed after the call: nothing of it within the call's reach
     out = assert_is_kernel(lambda: bias_mod.add_bias_(y, b), BIAS_KERNEL, "add_bias_", kernels=False)  # once
     assert out is y, "add_bias_ must return y itself"
-    assert_close(y, expected, dtype=dtype, name="add_bias_ (in place)", inputs={"y": y, "b": b})
+    assert_close(y, ref.add_bias(y0, b), dtype=dtype, name="add_bias_ (in place)", inputs={"y": y, "b": b})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -54,9 +54,9 @@ def test_add_bias_non_contiguous(bias_mod, dtype):
     assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b), dtype=dtype, name="add_bias, non-contiguous y",
                  inputs={"y": y, "b": b})
     cols = randn(9, 80, dtype=dtype)[:, 10:50]  # a column slice: strided rows, in place is possible
-    expected = ref.add_bias(cols, b)
+    cols0 = cols.clone()
     bias_mod.add_bias_(cols, b)
-    assert_close(cols, expected, dtype=dtype, name="in-place on a column slice")
+    assert_close(cols, ref.add_bias(cols0, b), dtype=dtype, name="in-place on a column slice")
 
 
 
@@ -67,10 +67,10 @@ def test_add_bias_strided_b(bias_mod, dtype):
     assert not b.is_contiguous()
     y = randn(5, 7, 40, dtype=dtype)
     assert_close(bias_mod.add_bias(y, b), ref.add_bias(y, b), dtype=dtype, name="add_bias, strided b")
-    expected = ref.add_bias(y, b)
+    y0 = y.clone()
     out = bias_mod.add_bias_(y, b)
     assert out is y
-    assert_close(y, expected, dtype=dtype, name="add_bias_, strided b")
+    assert_close(y, ref.add_bias(y0, b), dtype=dtype, name="add_bias_, strided b")
     yt = randn(40, 5, 7, dtype=dtype).permute(1, 2, 0)  # leading dims that do not collapse into one
     assert_close(bias_mod.add_bias(yt, b), ref.add_bias(yt, b), dtype=dtype, name="add_bias, permuted y",
                  inputs={"y": yt, "b": b})
@@ -83,6 +83,27 @@ def test_add_bias_is_a_kernel(bias_mod):
     if HAS_CUDA:
         rep = profile(lambda: bias_mod.add_bias(y, b))
         assert rep.n_kernels == 1, f"expected one Triton kernel per call, got {rep.kernels}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_bias_inplace_unviewable(bias_mod, dtype):
+    """A y whose leading dims cannot be viewed as [rows, N] (rows of a taller tensor): add_bias_ either
+    adds in place or raises ValueError (then add_bias takes it), as the contracts say; never a bias added
+    into a copy, y unchanged."""
+    y = randn(3, 5, 24, dtype=dtype)[:, :4]
+    b = randn(24, dtype=dtype)
+    y0 = y.clone()
+    try:
+        out = bias_mod.add_bias_(y, b)
+    except ValueError:           # refused, as the contract allows: add_bias takes such a y
+        assert torch.equal(y, y0), "add_bias_ raised ValueError after changing y"
+        assert_close(bias_mod.add_bias(y, b), ref.add_bias(y0, b), dtype=dtype, name="add_bias on a y not viewable "
+                     "as [rows, N]")
+        return
+    assert out is y, "add_bias_ must return y itself"
+    assert not torch.equal(y, y0), ("add_bias_ left y unchanged: on a y that cannot be viewed as [rows, N], "
+                                    "reshape copies it and the bias goes into the copy; raise ValueError instead")
+    assert_close(y, ref.add_bias(y0, b), dtype=dtype, name="add_bias_ on a y not viewable as [rows, N]")
 
 
 def test_add_bias_fresh_output_each_call(bias_mod):
@@ -113,11 +134,12 @@ def test_fused_linear(lin_mod, backend, dtype, in_f, out_f, lead, bias):
     b = randn(out_f, dtype=dtype) if bias else None
     layer = lin_mod.FusedLinear(w, b, backend=backend)
     x = randn(*lead, in_f, dtype=dtype)
-    expected, scale = ref.linear(x, w, b), ref.linear_scale(x, w, b)  # bias may be added after rounding
     forbid = FUSED_LINEAR[backend] if bias else FUSED_LINEAR_NO_BIAS
     y = assert_is_kernel(lambda: layer(x), forbid, f"FusedLinear(backend={backend!r}, bias={bias})")
+    y_strided = layer(non_contiguous(x))              # the reference after the calls: out of their reach
+    expected, scale = ref.linear(x, w, b), ref.linear_scale(x, w, b)  # bias may be added after rounding
     assert_close(y, expected, dtype=dtype, scale=scale, name=f"FusedLinear({backend})", inputs={"x": x, "w": w})
-    assert_close(layer(non_contiguous(x)), expected, dtype=dtype, scale=scale, name="non-contiguous x")
+    assert_close(y_strided, expected, dtype=dtype, scale=scale, name="non-contiguous x")
 
 
 @pytest.mark.parametrize("backend", ["addmm", "triton"])
@@ -149,7 +171,8 @@ def test_fused_linear_one_gemm_no_transfers(lin_mod, bias):
     assert t.host_transfers == 0, f"{t.host_transfers} host transfers per call; expected 0"
     gemms = t.count("aten.mm", "aten.bmm", "aten.addmm", "aten.matmul", "aten.linear")
     assert gemms == 1, f"expected exactly one GEMM, ops: {t.ops}"
-    assert t.count("aten.add.", "aten.add_.", "aten.clone", "aten.contiguous", "aten._to_copy", "aten.copy_") == 0, (
+    assert t.count("aten.add.", "aten.add_.", "aten.clone", "aten.contiguous", "aten._to_copy", "aten.copy_",
+                   "aten.cat", "aten.stack") == 0, (
         f"bias add or a weight copy outside the GEMM: {t.ops}")
 
 

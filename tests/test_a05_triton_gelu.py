@@ -14,6 +14,7 @@ from common import reference as ref
 from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import profile, trace_ops
 from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn, randomize_, tiny_gpt2_config
+from common.timing import left_unjoined
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp(-2u) -> inf, by design
 
@@ -176,6 +177,17 @@ def test_one_kernel_per_call(mod, dtype):
     assert rep.n_kernels == 1, f"expected exactly one kernel per call:\n{rep.table()}"
     assert rep.host_transfers == 0
     assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype, scale=x.abs())
+
+
+@pytest.mark.gpu
+def test_output_joined_to_the_callers_stream(mod):
+    """The output read on the caller's stream right after the call is the output: no work left on another
+    stream (at 2^26 elements the kernel runs long enough for unjoined work to show), and the same after
+    the caller's stream was kept busy (work on a side stream that waits on it starts with the read)."""
+    x = randn(1 << 26, dtype=torch.bfloat16)
+    assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=torch.bfloat16, scale=x.abs())   # right (and tuned)
+    found = left_unjoined(lambda: mod.gelu(x))
+    assert found is None, f"gelu: {found}"
 
 
 @pytest.mark.gpu

@@ -182,6 +182,7 @@ DEC_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (2, 4, 16, 33, [33, 17]),
     (2, 2, 80, 40, [40, 7]),                    # head dims not a power of two: padded to 128, masked
     (1, 3, 96, 21, [21]),
+    (2, 1, 16, 600, [600, 531]),                # past 512 keys: a length capped at a power of two shows
 ])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_decode_attention(dec, dtype, b, h, d, s_max, lengths, splits, seed):

@@ -443,6 +443,13 @@ def test_fresh_timing_catches_what_graph_timing_let_through():
     _in_a_fresh_process("fresh_timing_catches_exploits")
 
 
+@pytest.mark.gpu
+def test_side_stream_work_is_found_and_counted():
+    """Work forked onto a private stream: never joined back, the timing finds it and measures nothing;
+    joined back, it is timed as the same work on the caller's stream; timed eagerly, it counts."""
+    _in_a_fresh_process("side_stream_work_is_found_and_counted")
+
+
 def test_speed_score_is_the_geometric_mean_over_shapes():
     """A stage timed at several shapes is scored by the geometric mean of its per-shape speedups
     (worker.summarize, pure): 2x faster on one shape and 2x slower on another scores as 1x, not as

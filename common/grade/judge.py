@@ -235,11 +235,22 @@ def _judge_timing(stage, timing: dict | None, res: WorkerResult) -> WorkerResult
     if not timing:
         res.perf_note = "not timed"
         return res
+    for c in timing.get("cases", []):
+        unjoined = c.get("unjoined") or ("unjoined" in c.get("how", "") and f"graph capture: {c['how']}")
+        if unjoined:
+            res.correctness = FAIL
+            res.message = (f"{c['label']}: work left on another stream, never joined back to the caller's "
+                           f"({unjoined}): a reader on the caller's stream can see the output before it is "
+                           "written, and a timing on the caller's stream does not count that work. No speed points.")
+            res.perf_note = "work left unjoined on another stream (no speed points)"
+            return res
     if timing.get("error"):
         res.perf_note = f"timing failed: {timing['error']}"
         return res
-    timed = []
+    timed, eager = [], []
     for c in timing["cases"]:
+        if c["how"].startswith("eager"):
+            eager.append(c["how"])
         errors = [float(e) for e in c["errors"]]
         wrong = [e for e in errors if not e <= stage.perf_tol]        # NaN and inf fail too
         if wrong or not errors:
@@ -256,6 +267,10 @@ def _judge_timing(stage, timing: dict | None, res: WorkerResult) -> WorkerResult
                           kernels_per_call=c["kernels_per_call"], host_transfers_per_call=c["host_transfers_per_call"],
                           eager_ms=c.get("eager_ms"), baseline_eager_ms=c.get("baseline_eager_ms"),
                           baseline_name=c["baseline_name"]))
+    if eager:           # said in the stage's row: why the times are eager ones, and what they count
+        note = (f"timed eagerly, {eager[0][len('eager ('):].rstrip(')')}; each eager time ends after "
+                "torch.cuda.synchronize() (every stream's work counted, as a graph replay would)")
+        res.message = "; ".join(x for x in (res.message, note) if x)
     ceil = _ceilings()
     return replace(res, baseline=timed[0]["baseline_name"], ceilings=ceil, perf_target=stage.perf_target,
                    **summarize([{k: v for k, v in t.items() if k != "baseline_name"} for t in timed], ceil))

@@ -5,15 +5,41 @@ import torch
 import torch.nn.functional as F
 
 from .. import reference as ref
+from ..kernel_check import held_tensors, input_copies
 from ..roofline import matmul_bytes, matmul_flops
 from ..testing import REL_TOL
-from .base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw, _gen, _randn,
-                   _refilled, _twice, _with_repeat)
+from .base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw, _gen,
+                   _no_copies, _randn, _refilled, _twice, _with_repeat)
 
 
 @_call
 def a02_linear(r: Run, w, b, x):
-    return r.load("a02_pretransposed_linear.pretransposed_linear").PretransposedLinear(w, b)(x)
+    """The layer's output, with what the graded tests check of its weight: W^T stored once, [in, out] and
+    contiguous, the same storage after two calls, and no copy of a held tensor on a call."""
+    layer = r.load("a02_pretransposed_linear.pretransposed_linear").PretransposedLinear(w, b)
+    wt = getattr(layer, "weight_t", None)
+    before = wt.data_ptr() if isinstance(wt, torch.Tensor) else None
+    out, copies = input_copies(lambda: layer(x), **{**held_tensors(layer), "weight (as given)": w})
+    layer(x)
+    wt = getattr(layer, "weight_t", None)
+    r.fact("copies", copies)
+    r.fact("weight_t", None if not isinstance(wt, torch.Tensor) else
+           {"shape": list(wt.shape), "contiguous": wt.is_contiguous(), "kept": wt.data_ptr() == before,
+            "transposed": bool(wt.shape == w.t().shape and torch.equal(wt.detach().to(w.dtype), w.t()))})
+    return out
+
+
+def _a02_weight_judge(facts: dict) -> str | None:
+    """Judge: weight_t is W^T ([in, out], contiguous), made once, and no held tensor is copied on a call."""
+    wt = facts.get("weight_t")
+    if wt is None:
+        return "the layer has no tensor weight_t: the contract keeps W^T in it"
+    if not (wt["transposed"] and wt["contiguous"]):
+        return (f"weight_t is {wt['shape']}{'' if wt['contiguous'] else ', not contiguous'}, not W^T [in, out] "
+                "contiguous: transpose the weight once, at construction, and read it in place on every call")
+    if not wt["kept"]:
+        return "weight_t was rebuilt by a call: it is made once, at construction"
+    return _no_copies(facts)
 
 
 @_call
@@ -39,7 +65,8 @@ def _a02_trials(rng):
         b = _randn(g, fout, dtype=dtype) if bias else None
         x = _randn(g, *lead, fin, dtype=dtype)
         return [Trial(f"PretransposedLinear {fin}->{fout} lead={lead} {dtype}", "a02_linear", dict(w=w, b=b, x=x),
-                      ref.linear(x, w, b), REL_TOL[dtype], scale=ref.linear_scale(x, w, b), dtypes=(dtype,))]
+                      ref.linear(x, w, b), REL_TOL[dtype], scale=ref.linear_scale(x, w, b), dtypes=(dtype,),
+                      judge=_a02_weight_judge)]
     trials = _with_repeat(rng, g, build, 3)
     dtype = rng.choice(DTYPE_CYCLE)
     fin, fout, lead = rng.randint(1, 300), rng.randint(1, 300), (rng.randint(1, 5), rng.randint(1, 5))

@@ -1,12 +1,14 @@
 """Stage 3, the bias kernel and the fused Linear: outputs, in-place add, no copies per call, speed."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .. import reference as ref
 from ..roofline import matmul_bytes, matmul_flops
-from ..kernel_check import BIAS_KERNEL, FUSED_LINEAR, held_tensors, input_copies
+from ..kernel_check import BIAS_KERNEL, FUSED_LINEAR, Forbidden, held_tensors, input_copies
 from ..testing import REL_TOL
 from .base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw, _gen,
                    _no_copies, _randn, _refilled, _twice, _with_repeat)
@@ -30,6 +32,19 @@ def a03_add_bias_inplace(r: Run, y, b):
 
 
 @_call
+def a03_add_bias_inplace_or_refused(r: Run, y, b):
+    """add_bias_ on a y whose leading dims cannot be viewed as [rows, N]: the contract allows a ValueError
+    (then y is left to add_bias, the out-of-place kernel) or a correct in-place add; a bias added into a
+    copy leaves y unchanged, and that shows."""
+    ab = r.load("a03_fused_linear.add_bias")
+    try:
+        ab.add_bias_(y, b)
+    except ValueError:
+        return ab.add_bias(y, b)
+    return y
+
+
+@_call
 def a03_fused_linear(r: Run, w, b, x, backend: str):
     layer = r.load("a03_fused_linear.fused_linear").FusedLinear(w, b, backend)
     out, copies = input_copies(lambda: layer(x), **{**held_tensors(layer), "weight (as given)": w})
@@ -48,6 +63,11 @@ def a03_transfers(r: Run):
     return _count_layer(r.load("a03_fused_linear.fused_linear").FusedLinear, True)
 
 
+#: add_bias on a y whose leading dims do not collapse copies y first (its contract: y.reshape), a PyTorch
+#: copy kernel on a GPU; no torch arithmetic still
+BIAS_ANY_Y = Forbidden(BIAS_KERNEL.ops, (), BIAS_KERNEL.functions)
+
+
 def _a03_trials(rng):
     g = _gen(rng)
 
@@ -56,10 +76,26 @@ def _a03_trials(rng):
         shape = tuple(r.randint(1, 40) for _ in range(r.randint(1, 2))) + (r.randint(1, 1100),)
         y, b = _randn(g, *shape, dtype=dtype), _randn(g, shape[-1], dtype=dtype)
         expected = ref.add_bias(y, b)
+        # y with strides other than (N, 1): rows of a wider matrix (a column slice, any rank) or a transposed
+        # matrix (2-D); and a y whose leading dims cannot be viewed as [rows, N] for the in-place add
+        rows, n = math.prod(shape[:-1]), shape[-1]
+        if r.random() < 0.5:
+            strided = _randn(g, rows, n + r.randint(1, 9), dtype=dtype)[:, :n]
+        else:
+            strided = _randn(g, n, rows, dtype=dtype).t()
+        a, c = r.randint(2, 6), r.randint(2, 6)
+        unviewable = _randn(g, a, c + 1, n, dtype=dtype)[:, :c]
         return [Trial(f"add_bias {shape} {dtype}", "a03_add_bias", dict(y=y, b=b), expected, REL_TOL[dtype],
                       forbid=BIAS_KERNEL, dtypes=(dtype,)),
                 Trial(f"add_bias_ (in place) {shape} {dtype}", "a03_add_bias_inplace", dict(y=y.clone(), b=b),
-                      expected, REL_TOL[dtype], forbid=BIAS_KERNEL, inplace=("y",), dtypes=(dtype,))]
+                      expected, REL_TOL[dtype], forbid=BIAS_KERNEL, inplace=("y",), dtypes=(dtype,)),
+                Trial(f"add_bias, y {tuple(strided.shape)} with strides {strided.stride()} {dtype}", "a03_add_bias",
+                      dict(y=strided, b=b), ref.add_bias(strided, b), REL_TOL[dtype], forbid=BIAS_KERNEL,
+                      dtypes=(dtype,)),
+                Trial(f"add_bias_ (in place) on y {tuple(unviewable.shape)} with strides {unviewable.stride()}, "
+                      f"not viewable as [rows, N] {dtype}", "a03_add_bias_inplace_or_refused",
+                      dict(y=unviewable, b=b), ref.add_bias(unviewable, b), REL_TOL[dtype],
+                      forbid=BIAS_ANY_Y, inplace=("y",), dtypes=(dtype,))]
 
     def linear(r, g, i):
         backend = ("addmm", "triton")[i % 2]

@@ -25,10 +25,16 @@ def a08_decode_attention(r: Run, qkv, k, v, lens, h: int, d: int, splits, out):
     return dec.decode_attention(qkv[:, :h * d].view(qkv.shape[0], h, d), k, v, lens, splits=splits, out=out)
 
 
-def _decode_attention_trial(g, rng, splits_forced: bool, dtype: torch.dtype, odd_head: bool = False) -> Trial:
+def _decode_attention_trial(g, rng, splits_forced: bool, dtype: torch.dtype, odd_head: bool = False,
+                            long: bool = False) -> Trial:
+    """``long``: a small-head config whose longest sequence is past every power of two the kernels use for
+    a block or a split (512 keys on a CPU, 4096 on a GPU), so a length capped at one of them shows."""
     b, h = rng.randint(2, 4 if not HAS_CUDA else 8), rng.randint(1, 4 if not HAS_CUDA else 16)
     d = rng.choice([24, 40, 80] if odd_head else [16, 32, 64])   # odd: padded to a power of two, masked
     s_max = rng.randint(2, 120 if not HAS_CUDA else 2000)
+    if long:
+        b, h, d = 2, 1, 16
+        s_max = rng.randint(513, 700) if not HAS_CUDA else rng.randint(4097, 5000)
     lengths = [1, s_max] + [rng.randint(1, s_max) for _ in range(b - 2)]    # the extremes, then any
     rng.shuffle(lengths)
     qkv = _randn(g, b, 3 * h * d, dtype=dtype)                 # q: a strided view, as the engine passes it
@@ -384,7 +390,8 @@ def _engine_trials(g, rng) -> list[Trial]:
 def _a08_trials(rng):
     g = _gen(rng)
     return (_with_repeat(rng, g, lambda r, g, i: [_decode_attention_trial(g, r, i == 1, _dtype_of_draw(i))], 3)
-            + [_decode_attention_trial(g, rng, False, _dtype_of_draw(0), odd_head=True)]
+            + [_decode_attention_trial(g, rng, False, _dtype_of_draw(0), odd_head=True),
+               _decode_attention_trial(g, rng, False, _dtype_of_draw(0), long=True)]
             + _layernorm_trials(g, rng) + [_write_kv_trial(g, rng), _write_kv_trial(g, rng, odd_head=True)]
             + _gemv_trials(g, rng) + _engine_trials(g, rng))
 

@@ -2,10 +2,50 @@
 where stage 7a asks for one tile at a time, outputs memoised per shape. Their numbers are
 (nearly) right, so value tests alone pass them: each must be caught by the graded tests
 (common.kernel_check's "is a kernel" check, the 7a memory check, a repeated shape) AND by the
-grader alone (``python -m common.grade --no-tests``: ``grader=`` lists what its report says)."""
+grader alone (``python -m common.grade --no-tests``: ``grader=`` lists what its report says).
+
+The answer looked up where the process holds it: a GELU that searches the garbage collector's
+objects, the callers' frames and every module's globals for a float64 tensor of x's shape whose values
+match GELU at three places, and returns it (or, found nowhere, x itself: a wrong answer). The graded
+tests compute their references after the call, and the grader's references never enter the
+submission's process, so it finds nothing."""
 from . import Mutant
 
 A05, A06, A07 = "a05_triton_gelu", "a06_matmul", "a07_flash_attention"
+
+#: a05's gelu() looking for its answer in the process (GC, frames, module globals) instead of computing it
+LOOKUP = '''    check_tensor(x, "x")
+    import gc
+    import math
+    import sys
+
+    n = x.numel()
+    spots = [(i, float(x.reshape(-1)[i].item())) for i in sorted({0, n // 2, n - 1})] if n else []
+
+    def gelu_at(v):
+        return 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))
+
+    def answer(t):
+        if not (isinstance(t, torch.Tensor) and t is not x and t.dtype == torch.float64 and t.shape == x.shape):
+            return False
+        try:
+            flat = t.reshape(-1)
+            return all(abs(float(flat[i].item()) - gelu_at(v)) <= 1e-3 * (1.0 + abs(v)) for i, v in spots)
+        except Exception:
+            return False
+    seen = list(gc.get_objects())
+    f = sys._getframe(1)
+    while f is not None:
+        seen += list(f.f_locals.values())
+        f = f.f_back
+    for m in list(sys.modules.values()):
+        seen += list(getattr(m, "__dict__", {}).values())
+    for t in seen:
+        if answer(t):
+            return t.to(x.dtype)
+    return x.clone()
+    if plain_eager(x):'''
+
 
 #: 7b backward replaced by autograd through the naive (materialised) attention.
 NAIVE_BACKWARD = '''        with torch.enable_grad():
@@ -42,6 +82,9 @@ MUTANTS = [
             ("            s = qi @ k[..., n0:n1, :].float().transpose(-1, -2)       # [..., tile_m, tile_n]",
              "            s = s_all[..., m0:m1, n0:n1]")],
            expect=("tile", "never whole"), grader=("never whole",)),
+    Mutant(A05, "gelu_triton.py", "the answer looked up in the process (gc, frames, module globals)",
+           [("    check_tensor(x, \"x\")\n    if plain_eager(x):", LOOKUP)],
+           expect=("relative error",), grader=("relative error",)),
     Mutant(A05, "gelu_triton.py", "outputs memoised per shape",
            [("    check_tensor(x, \"x\")\n    if plain_eager(x):\n        return _gelu(x)\n    return triton_gelu(x)",
              "    check_tensor(x, \"x\")\n    memo = globals().setdefault(\"_MEMO\", {})\n"

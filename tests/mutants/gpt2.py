@@ -39,6 +39,10 @@ MUTANTS = [
     # ---- kernel 2a, one split of the keys: test_decode_attention*
     Mutant(S, DEC, "split drops the newest key",
            [("end = tl.minimum(start + per, length)", "end = tl.minimum(start + per, length - 1)")]),
+    # A length cap just above what short tests draw: every sequence capped at 256 keys.
+    Mutant(S, DEC, "every sequence capped at 256 keys",
+           [("    length = tl.load(LENS + b)\n", "    length = tl.minimum(tl.load(LENS + b), 256)\n")],
+           grader=("S_max=",)),
     Mutant(S, DEC, "every sequence reads the length of sequence 0",
            [("length = tl.load(LENS + b)", "length = tl.load(LENS)")]),
     Mutant(S, DEC, "acc not rescaled by alpha",
