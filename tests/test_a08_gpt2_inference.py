@@ -31,8 +31,9 @@ from common.testing import (REL_TOL, assert_as_accurate_as_torch, assert_close, 
                             non_contiguous, random_gpt2, randn, rel_error, torch_matmul)
 
 #: A kernel fed an unwritten buffer (a part not written yet) computes on garbage: the interpreter's numpy
-#: then warns of overflows, which say nothing the test's own message does not.
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+#: then warns of overflows and invalid values, which say nothing the test's own message does not.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:(overflow|invalid value|divide by zero) encountered:RuntimeWarning")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -520,7 +521,8 @@ def _check_gemv(mod, c: int, vocab: int, dtype) -> None:
         x, w = randn(m, k, dtype=dtype), _gemv_weight(k, n, dtype, layout)
         b = randn(n, dtype=dtype) if bias else None
         assert_close(gv.gemv(x, w, b, act), _gemv_ref(x, w, b, act), dtype=dtype, rel_tol=tol,
-                     scale=_gemv_scale(x, w, b), name=f"gemv {m}x{k} @ {layout} [{k}, {n}]"
+                     scale=_gemv_scale(x, w, b), name=f"gemv {m}x{k} @ W [{k}, {n}]"
+                     f"{' (K contiguous, as the LM head' + chr(39) + 's wteᵀ)' if layout == 'nk.t' else ''}"
                      f"{' + bias' if bias else ''}{', GELU' if act else ''}")
     x, w, b, r = randn(2, c, dtype=dtype), _gemv_weight(c, c, dtype, "nk.t"), randn(c, dtype=dtype), randn(2, c, dtype=dtype)
     if "residual" in params:
@@ -594,6 +596,31 @@ def _broken_parts(package: str, dtype, c: int, n_head: int, vocab: int) -> list[
     return broken
 
 
+def _blame(e: Exception, kwargs: dict) -> str | None:
+    """"fix <part> first: ..." where an a08 kernel fails on its own at the test's model shapes, else None."""
+    eng, impl = kwargs.get("eng"), kwargs.get("impl")
+    package = (eng.__name__.rsplit(".", 1)[0] if eng is not None else
+               f"{impl.package}.a08_gpt2_inference" if impl is not None else None)
+    if package is None:
+        return None
+    model = next((v for v in kwargs.values() if hasattr(v, "config") and hasattr(v.config, "n_embd")), None)
+    cfg = model.config if model is not None else None
+    c, n_head, vocab = ((cfg.n_embd, cfg.n_head, cfg.vocab_size) if cfg is not None else
+                        (2 * kwargs["head_size"], 2, 97) if "head_size" in kwargs else
+                        (TINY["n_embd"], TINY["n_head"], TINY["vocab_size"]))
+    broken = _broken_parts(package, kwargs.get("dtype", torch.float32), c, n_head, vocab)
+    if not broken:
+        return None
+    part, file, use, why = broken[0]
+    others = [f"{p} ({f})" for p, f, _, _ in broken[1:]]
+    also = (f"\n{', '.join(others[:-1]) + ' and ' if len(others) > 1 else ''}{others[-1]} "
+            f"{'fail' if len(others) > 1 else 'fails'} on {'their' if len(others) > 1 else 'its'} own too."
+            if others else "")
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return (f"fix {part} first ({file}; {use} run on it): {why}{also}\n"
+            f"(this test's own failure, which follows from it: {first})")
+
+
 def names_the_failing_part(test):
     """An engine test that, when it fails, first checks each a08 kernel at the model's shapes and, where
     one is wrong, fails with "fix <part> first: <what is wrong>" (the engine's own failure after it)."""
@@ -602,28 +629,10 @@ def names_the_failing_part(test):
         try:
             return test(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - pytest's skip and fail are BaseExceptions: they pass through
-            eng, impl = kwargs.get("eng"), kwargs.get("impl")
-            package = (eng.__name__.rsplit(".", 1)[0] if eng is not None else
-                       f"{impl.package}.a08_gpt2_inference" if impl is not None else None)
-            if package is None:
+            blame = _blame(e, kwargs)
+            if blame is None:
                 raise
-            model = next((v for v in kwargs.values() if hasattr(v, "config") and hasattr(v.config, "n_embd")), None)
-            cfg = model.config if model is not None else None
-            c, n_head, vocab = ((cfg.n_embd, cfg.n_head, cfg.vocab_size) if cfg is not None else
-                                (2 * kwargs["head_size"], 2, 97) if "head_size" in kwargs else
-                                (TINY["n_embd"], TINY["n_head"], TINY["vocab_size"]))
-            dtype = kwargs.get("dtype", torch.float32)
-            broken = _broken_parts(package, dtype, c, n_head, vocab)
-            if not broken:
-                raise
-            part, file, use, why = broken[0]
-            others = [f"{p} ({f})" for p, f, _, _ in broken[1:]]
-            also = (f"\n{', '.join(others[:-1]) + ' and ' if len(others) > 1 else ''}{others[-1]} "
-                    f"{'fail' if len(others) > 1 else 'fails'} on {'their' if len(others) > 1 else 'its'} own too."
-                    if others else "")
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            pytest.fail(f"fix {part} first ({file}; {use} run on it): {why}{also}\n"
-                        f"(this test's own failure, which follows from it: {first})", pytrace=False)
+        pytest.fail(blame, pytrace=False)              # outside the except: no "during handling of" chain
     return run
 
 
