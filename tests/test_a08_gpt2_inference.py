@@ -65,6 +65,7 @@ def _dependencies(impl) -> str | None:
     return _DEPENDENCIES[key]
 
 
+@pytest.mark.given      # checks no a08 work: not graded (a06's and a07's own tests grade them)
 def test_stage8_runs_on_your_a06_matmul_and_a07_attention(impl):
     """The engine's prefill runs on the a06 matmul and the a07 flash attention of the same tree; this test
     comes first and says, while either is not written, how to try stage 8 on the reference ones instead."""
@@ -619,6 +620,18 @@ def _blame(e: Exception, kwargs: dict) -> str | None:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     return (f"fix {part} first ({file}; {use} run on it): {why}{also}\n"
             f"(this test's own failure, which follows from it: {first})")
+
+
+@pytest.mark.mutants
+def test_broken_parts_names_the_kernel_that_fails():
+    """The course's own check of the diagnosis above (not graded; with the mutation checks, --mutants): the
+    reference kernels pass it, the untouched stubs fail it part by part, the GEMV named first."""
+    from common.impl import Impl
+    if Impl.get().package != "solutions":
+        pytest.skip("course self-check: runs with --impl solutions, where assignments/ are the stubs")
+    assert _broken_parts("solutions.a08_gpt2_inference", torch.float32, 32, 2, 40) == []
+    broken = _broken_parts("assignments.a08_gpt2_inference", torch.float32, 32, 2, 40)
+    assert [p for p, *_ in broken] == [p for p, *_ in PARTS], broken
 
 
 def names_the_failing_part(test):
