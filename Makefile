@@ -5,6 +5,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMPL   ?= assignments
 STAGE  ?=
+# Messages in make's syntax (BORROW=a06,a07 rather than --borrow a06,a07) for what make starts.
+export COURSE_VIA_MAKE := 1
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # CPU-only machines get torch 2.13.0 and the Triton the GPU runs were made with (3.6, for
 # its interpreter); GPU machines get the newest torch, which brings its own Triton. Both

@@ -12,6 +12,7 @@ the worker's harness or torch is detected there (common.guard) and zeroes the st
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -19,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import torch
 
 from .result import WorkerResult
 from .score import FAIL, NEEDS_GPU, PASS, combined_speedup
-from .worker import OUTPUTS, RESULT, TIMING, TRIALS
+from .worker import OUTPUTS, PROGRESS, RESULT, TIMING, TRIALS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,10 +108,56 @@ def _run_timing(impl, key: str, io: Path, timeout: float) -> tuple[dict, str]:
     return found, ""
 
 
+#: Print the worker's progress (a line per group of trials) to stderr while it runs; False: silent.
+PROGRESS_TO_STDERR = True
+
+
+def progress(line: str) -> None:
+    """One progress line on stderr (a terminal: in place of the last one), unless PROGRESS_TO_STDERR is off."""
+    if not PROGRESS_TO_STDERR:
+        return
+    text = f"  {line} ..."
+    if sys.stderr.isatty():
+        print("\r" + text.ljust(100), end="", file=sys.stderr, flush=True)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _echo_progress(path: Path, key: str):
+    """While the worker runs, print each line it adds to ``path`` (a group of trials starting) to stderr."""
+    if not PROGRESS_TO_STDERR:
+        yield
+        return
+    stop, seen = threading.Event(), [0]
+
+    def echo():
+        try:
+            lines = path.read_text().splitlines() if path.exists() else []
+        except OSError:
+            return
+        for line in lines[seen[0]:]:
+            progress(f"{key}: {line}")
+        seen[0] = len(lines)
+
+    def loop():
+        while not stop.wait(0.5):
+            echo()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        echo()
+
+
 def _run_worker(impl, key: str, io: Path, timeout: float) -> tuple[dict, list, str]:
     """(what the worker found, the outputs, '' or why there is nothing: a crash, a time-out)."""
     from .run import _died
-    r, why = _worker(impl, key, io, timeout)
+    with _echo_progress(io / PROGRESS, key):
+        r, why = _worker(impl, key, io, timeout)
     if r is None:
         return {}, [], why
     found = _read_json(io / RESULT)

@@ -36,6 +36,11 @@ DROP_ORDER = ("achieved", "H<->D", "eager ms (base)", "kernels", "baseline ms")
 NOT_IMPLEMENTED = "not implemented yet"
 
 
+def _tol(tolerance: float | None) -> str:
+    """A trial's tolerance as the report shows it: 1e-05, or "exact" for a copy compared bit for bit (0)."""
+    return "-" if tolerance is None else "exact" if tolerance == 0 else f"{tolerance:.0e}"
+
+
 def _notes(r: StageResult, timed: bool) -> tuple[str, str]:
     """(short note for the table's notes column, the full note)."""
     if r.borrowed:
@@ -60,7 +65,7 @@ def table(results: list[StageResult], impl: str, gpu: str, width: int | None = N
     head = ["stage", "correct", "tests p/f/s", "trials", "worst err (tol)", *TIMING_COLUMNS, "score", "notes"]
     rows, fulls = [], []
     for r in results:
-        err = "-" if r.worst_error is None else f"{r.worst_error:.1e} ({r.tolerance:.0e})"
+        err = "-" if r.worst_error is None else f"{r.worst_error:.1e} ({_tol(r.tolerance)})"
         if r.ms is None:
             perf = ["-"] * len(TIMING_COLUMNS)
         else:
@@ -117,7 +122,7 @@ def gradescope(results: list[StageResult], seconds: float) -> dict:
         lines = [f"correctness: {r.correctness}", f"tests passed/failed/skipped: {r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
                  f"trials passed: {r.trials_passed}/{r.trials_total}"]
         if r.worst_error is not None:
-            lines.append(f"worst relative error {r.worst_error:.2e} (tolerance {r.tolerance:.0e})")
+            lines.append(f"worst relative error {r.worst_error:.2e} (tolerance {_tol(r.tolerance)})")
         if r.ms is not None and len(r.cases) > 1:
             lines.append(f"speed: {r.speedup:.2f}x {r.baseline}, the geometric mean over {len(r.cases)} shapes:")
             lines += [f"  {c['label']}: {c['ms']:.4f} ms vs {c['baseline_ms']:.4f} ms ({c['speedup']:.2f}x), "

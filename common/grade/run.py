@@ -14,7 +14,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import fields
 from pathlib import Path
-from .judge import run_stage
+from . import judge
+from .judge import progress, run_stage
 from .report import StageResult
 from .score import FAIL, PARTIAL, PASS, score
 
@@ -80,6 +81,7 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
     from common import HAS_CUDA
     t0 = time.time()
     if run_tests:
+        progress(f"{stage.key}: graded tests (pytest tests/test_{stage.folder}.py)")
         passed, failed, skipped, first, gpu_only = _run_tests(impl, stage.folder, timeout)
     else:
         passed, failed, skipped, first, gpu_only = 0, 0, 0, "", 0
@@ -129,6 +131,7 @@ def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool =
     if borrow:
         os.environ[BORROW_VAR] = borrow
     lent = borrowed()
+    judge.PROGRESS_TO_STDERR = not quiet
     t0 = time.time()
     results = []
     try:

@@ -1,6 +1,8 @@
 """Stage 8, GPT-2 inference: decode attention, LayerNorm, KV writes, GEMV, the engine; one decode step timed."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import DEVICE, HAS_CUDA
@@ -63,8 +65,10 @@ def a08_layernorm_view(r: Run, big, w, b, eps: float, c2: int):
 
 
 def _layernorm_trials(g, rng) -> list[Trial]:
-    """With and without a residual, in every dtype (DTYPE_CYCLE)."""
-    return [t for dtype in DTYPE_CYCLE for t in _layernorm_pair(g, rng, dtype)]
+    """With and without a residual, in every dtype (DTYPE_CYCLE): the add_layernorm trials, then the others
+    (one group each in the grader's progress lines)."""
+    pairs = [_layernorm_pair(g, rng, dtype) for dtype in DTYPE_CYCLE]
+    return [p[0] for p in pairs] + [p[1] for p in pairs]
 
 
 def _layernorm_pair(g, rng, dtype) -> list[Trial]:
@@ -219,8 +223,18 @@ def a08_dependencies(load: Load) -> str | None:
             pass
     if not missing:
         return None
-    return (f"stage 8 runs on {' and '.join(missing)}, which is not implemented yet: finish it, or try stage 8 "
-            f"on the reference ones with --borrow {','.join(m.split()[1] for m in missing)} (pytest and the grader)")
+    stages = ",".join(m.split()[1] for m in missing)
+    return (f"stage 8 runs on {' and '.join(missing)}, which {'are' if len(missing) > 1 else 'is'} not implemented "
+            f"yet: finish {'them' if len(missing) > 1 else 'it'}, or try stage 8 on the reference "
+            f"{'ones' if len(missing) > 1 else 'one'} with {borrow_hint(stages)}")
+
+
+def borrow_hint(stages: str) -> str:
+    """How to borrow ``stages`` ("a06,a07") from solutions/, in the syntax of the command in use: make's
+    ``BORROW=`` where make started it (the Makefile sets COURSE_VIA_MAKE=1), else the ``--borrow`` option."""
+    if os.environ.get("COURSE_VIA_MAKE") == "1":
+        return f"`make check STAGE=a08 BORROW={stages}` (and `make grade STAGE=a08 BORROW={stages}`)"
+    return f"`--borrow {stages}` (pytest, and python -m common.grade)"
 
 
 def _new_engine(r: Run, seed: int, n_head: int, b: int, s: int):
