@@ -11,6 +11,7 @@ Benchmarks need a CUDA GPU; the H100's numbers are in ``lectures/results/``.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -32,11 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip() + f"\n\nstages: {' '.join(BENCHES)}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     stage, rest = argv[0], argv[1:]
-    if not any(a == "--impl" or a.startswith("--impl=") for a in rest):
-        import argparse
-        ap = argparse.ArgumentParser()
-        add_impl_argument(ap)                      # COURSE_IMPL, else assignments
-        rest = ["--impl", ap.get_default("impl"), *rest]
+    ap = argparse.ArgumentParser(add_help=False)
+    add_impl_argument(ap)                          # COURSE_IMPL, else assignments
+    args, rest = ap.parse_known_args(rest)
+    rest = ["--impl", args.impl, *rest]
     module = importlib.import_module(f"solutions.{BENCHES[stage]}")
     return module.main(rest) or 0
 

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from common.gpu import ARCHS, Arch
+from common.impl import add_impl_argument
 
 
 @dataclass(frozen=True)
@@ -544,7 +545,7 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impl", default="solutions", help="the tree whose kernels are compiled (default: solutions)")
+    add_impl_argument(ap, default="solutions", help="the tree whose kernels are compiled")
     ap.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated, of {', '.join(ARCHS)}")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     ap.add_argument("--full", action="store_true", help="the full tier (see TIERS): every family, dtype and variant")

@@ -213,10 +213,11 @@ def _progress(io: Path, trials: list, i: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.impl import add_impl_argument
     ap = argparse.ArgumentParser(prog="python -m common.grade.worker",
                                  description="One stage's trials and timing (the judge runs this; see judge.py).")
     ap.add_argument("stage", help="stage key, e.g. a03")
-    ap.add_argument("--impl", required=True)
+    add_impl_argument(ap, required=True)
     ap.add_argument("--io", type=Path, required=True, help="the folder the judge shares with this process")
     ap.add_argument("--time", action="store_true", help="time the performance cases (GPU) instead of running the trials")
     args = ap.parse_args(argv)
