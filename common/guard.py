@@ -8,9 +8,10 @@ profiler, the timing loop: common/grade/worker.py) is guarded here:
 object it records, so an object cannot be freed and its id reused, and for each one it records what
 could be swapped in place:
 
-* every ``common`` module loaded (the whole harness): each function with its code object, defaults,
-  keyword defaults and closure cells; each class defined in the harness, member by member; each
-  table (tolerances, forbidden ops) as a deep copy, compared by value; and ``sys.modules[name]``;
+* every ``common`` module loaded (the whole harness) and the stages' grading specs
+  (``solutions/aNN_name/stage.py``): each function with its code object, defaults, keyword defaults
+  and closure cells; each class defined in the harness, member by member; each table (tolerances,
+  forbidden ops) as a deep copy, compared by value; and ``sys.modules[name]``;
 * torch's namespaces (``torch``, ``torch.Tensor`` and its C base, ``torch.nn.functional``,
   ``linalg``, ``special``, ``testing``, ``cuda``, ``library``, ``autograd``, ``profiler``,
   ``torch._C``), the dispatch/function-mode classes the trace is built on, CUDA graphs, events
@@ -71,9 +72,14 @@ def _torch_namespaces() -> dict[str, object]:
     return spaces
 
 
+def _is_harness(name: str) -> bool:
+    """``common`` and its modules, and the stages' grading specs (``solutions.aNN_name.stage``)."""
+    return name == "common" or name.startswith("common.") or (name.startswith("solutions.a") and name.endswith(".stage"))
+
+
 def _harness_modules() -> dict[str, types.ModuleType]:
     return {name: mod for name, mod in list(sys.modules.items())
-            if isinstance(mod, types.ModuleType) and (name == "common" or name.startswith("common."))}
+            if isinstance(mod, types.ModuleType) and _is_harness(name)}
 
 
 @dataclass

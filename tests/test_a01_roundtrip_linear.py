@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.profiling import fake_cuda, profile, trace_ops
-from common.stages.a01 import COPY_CLASSES, copy_class, fake_copies, one_copy
+from common.stages import COPY_CLASSES, copy_class, fake_copies, one_copy
 
 STAGE = "a01_roundtrip_linear"
 MOD = f"{STAGE}.roundtrip_linear"

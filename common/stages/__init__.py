@@ -22,23 +22,27 @@ submission, and a *worker*, which does. This module serves both:
   speedups the grader combines by their geometric mean (common.grade.score). Each timed call gets
   a fresh input set (common.timing.bench_fresh), and its output is checked against the baseline's.
 
-One module per stage (``a01.py`` ... ``a08.py``; the two GELU stages share ``gelu.py``), each
-ending in its :class:`Stage` (``STAGE``); ``base.py`` holds what they are made of. This module is
-the registry: :data:`STAGES`, :func:`by_key`.
+One module per stage, in the stage's own folder of ``solutions/`` (``solutions/aNN_name/stage.py``:
+given code, never copied to ``assignments/``; stage 5 shares stage 4's GELU spec), each ending in its
+:class:`Stage` (``STAGE``); ``base.py`` holds what they are made of. This module is the registry: it
+finds the stage modules (:data:`STAGE_MODULES`), and gives :data:`STAGES`, :func:`by_key`, and any
+name a stage module defines (``from common.stages import A08_TINY``).
 """
 from __future__ import annotations
 
-from .. import HAS_CUDA
-from . import a01, a02, a03, a04, a05, a06, a07, a08
-from .base import CALLS, DTYPE_CYCLE, Load, NeedsGPU, Perf, Run, Stage, Trial, nan_safe, perf_cases, tensors
-# what the grader, the tools and the tests read of single stages, importable from here too
-from .gelu import GELU_SHAPES
-from .a06 import A06_SHAPES, _a06_cuda_versions, _a06_not_here
-from .a07 import A07_SHAPES
-from .a08 import A08_TINY, _a08_perf, _decode_work_judge, _prompts, a08_decode_case, a08_dependencies
+import importlib
+from pathlib import Path
+from types import ModuleType
 
+from .. import HAS_CUDA
+from .base import CALLS, DTYPE_CYCLE, Load, NeedsGPU, Perf, Run, Stage, Trial, nan_safe, perf_cases, tensors
+
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
+#: The stages' spec modules, in order: ``solutions.aNN_name.stage`` for each folder that has one.
+STAGE_MODULES: list[ModuleType] = [importlib.import_module(f"solutions.{p.parent.name}.stage")
+                                   for p in sorted(SOLUTIONS.glob("a[0-9][0-9]_*/stage.py"))]
 #: The course's stages, in order: each module's ``STAGE``.
-STAGES: list[Stage] = [m.STAGE for m in (a01, a02, a03, a04, a05, a06, a07, a08)]
+STAGES: list[Stage] = [m.STAGE for m in STAGE_MODULES]
 
 
 def by_key(key: str) -> Stage:
@@ -48,6 +52,18 @@ def by_key(key: str) -> Stage:
     raise KeyError(f"no stage {key!r}; stages: {[s.key for s in STAGES]}")
 
 
-__all__ = ["CALLS", "DTYPE_CYCLE", "HAS_CUDA", "Load", "NeedsGPU", "Perf", "Run", "STAGES", "Stage", "Trial", "by_key",
-           "nan_safe", "perf_cases", "tensors", "GELU_SHAPES", "A06_SHAPES", "A07_SHAPES", "A08_TINY", "a08_decode_case",
-           "a08_dependencies", "_a06_cuda_versions", "_a06_not_here", "_a08_perf", "_decode_work_judge", "_prompts"]
+def stage_module(key: str) -> ModuleType:
+    """The spec module of a stage (``a05`` or ``a05_triton_gelu``)."""
+    return STAGE_MODULES[STAGES.index(by_key(key))]
+
+
+def __getattr__(name: str):
+    """A name one stage module defines (``A06_SHAPES``, ``a08_decode_case``), importable from here."""
+    for m in STAGE_MODULES:
+        if name in vars(m):
+            return vars(m)[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CALLS", "DTYPE_CYCLE", "HAS_CUDA", "Load", "NeedsGPU", "Perf", "Run", "STAGES", "STAGE_MODULES", "Stage",
+           "Trial", "by_key", "nan_safe", "perf_cases", "stage_module", "tensors"]

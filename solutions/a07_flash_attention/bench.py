@@ -26,7 +26,7 @@ CUDA graph replay (the GPU's time: at S = 512 a forward is short enough that the
 work for Triton's kernels is a share of it; eager timing let it show in some runs). Writes
 a07_real_shapes.{md,csv,png}: the ratio to SDPA per shape, its minimum and geometric mean per
 pass, and the floors (forward >= 0.9x, forward+backward >= 0.8x). The grader's speed case for
-this stage is three of these shapes (common/stages/a07.py).
+this stage is three of these shapes (stage.py).
 """
 from __future__ import annotations
 

@@ -6,12 +6,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import reference as ref
-from ..roofline import matmul_bytes, matmul_flops
-from ..kernel_check import BIAS_KERNEL, FUSED_LINEAR, Forbidden, held_tensors, input_copies
-from ..testing import REL_TOL
-from .base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw, _gen,
-                   _no_copies, _randn, _refilled, _twice, _with_repeat)
+from common import reference as ref
+from common.roofline import matmul_bytes, matmul_flops
+from common.kernel_check import BIAS_KERNEL, FUSED_LINEAR, Forbidden, held_tensors, input_copies
+from common.testing import REL_TOL
+from common.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
+                                _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
 
 
 @_call

@@ -4,12 +4,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import reference as ref
-from ..kernel_check import held_tensors, input_copies
-from ..roofline import matmul_bytes, matmul_flops
-from ..testing import REL_TOL
-from .base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw, _gen,
-                   _no_copies, _randn, _refilled, _twice, _with_repeat)
+from common import reference as ref
+from common.kernel_check import held_tensors, input_copies
+from common.roofline import matmul_bytes, matmul_flops
+from common.testing import REL_TOL
+from common.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
+                                _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
 
 
 @_call

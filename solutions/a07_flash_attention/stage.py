@@ -4,14 +4,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import HAS_CUDA
-from .. import reference as ref
-from ..roofline import attention_flops
-from ..shapes import ATTENTION_HEADS, attention_batch
-from ..kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, Forbidden, attention_tile_bound, largest_new_tensor,
-                            tile_message)
-from ..testing import calibrated_tol, rel_error, torch_attention
-from .base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
+from common import HAS_CUDA
+from common import reference as ref
+from common.roofline import attention_flops
+from common.shapes import ATTENTION_HEADS, attention_batch
+from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, Forbidden, attention_tile_bound, largest_new_tensor,
+                                 tile_message)
+from common.testing import calibrated_tol, rel_error, torch_attention
+from common.stages.base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
 
 
 #: Stage 7's attention entry points: (module, function name).

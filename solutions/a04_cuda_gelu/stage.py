@@ -1,4 +1,5 @@
-"""The two GELU stages' shared spec (stage 4: the CUDA op, stage 5: Triton): calls, trials, speed cases."""
+"""Stage 4, the fused GELU as a CUDA op (a GPU only), and the spec stage 5 (Triton) shares: the GELU
+calls, trials and speed cases."""
 from __future__ import annotations
 
 import math
@@ -6,14 +7,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import HAS_CUDA
-from .. import reference as ref
-from ..roofline import elementwise_bytes
-from ..shapes import GPT2_MODELS
-from ..kernel_check import GELU_KERNEL
-from ..testing import REL_TOL
-from .base import (DTYPE_CYCLE, Perf, Run, Trial, _call, _cuda_randn, _dtype_of_draw, _gen, _randn, _refilled, _twice,
-                   _with_repeat)
+from common import HAS_CUDA
+from common import reference as ref
+from common.roofline import elementwise_bytes
+from common.shapes import GPT2_MODELS
+from common.kernel_check import GELU_KERNEL
+from common.testing import REL_TOL
+from common.stages.base import (DTYPE_CYCLE, NeedsGPU, Perf, Run, Stage, Trial, _call, _cuda_randn, _dtype_of_draw,
+                                _gen, _randn, _refilled, _twice, _with_repeat)
 
 
 #: The GELU each GELU stage grades: (module, function name).
@@ -75,3 +76,13 @@ def _gelu_perf(stage: str, label: str):
                               elementwise_bytes(n, torch.bfloat16)))
         return cases
     return perf
+
+
+def _a04_trials(rng):
+    if not HAS_CUDA:
+        raise NeedsGPU("the CUDA op runs on a GPU (its sources are compile-checked by the tests on CPU)")
+    return _gelu_trials("a04", "fused_gelu (CUDA)", rng)
+
+
+STAGE = Stage("a04_cuda_gelu", "Fused GELU (CUDA op)", _a04_trials, _gelu_perf("a04", "CUDA fused_gelu"),
+              gpu_only=True)

@@ -1,8 +1,8 @@
-"""Stage 5, the fused GELU in Triton: the GELU trials and speed cases of gelu.py."""
+"""Stage 5, the fused GELU in Triton: the GELU trials and speed cases of stage 4's spec."""
 from __future__ import annotations
 
-from .base import Stage
-from .gelu import _gelu_perf, _gelu_trials
+from common.stages.base import Stage
+from solutions.a04_cuda_gelu.stage import _gelu_perf, _gelu_trials
 
 
 def _a05_trials(rng):

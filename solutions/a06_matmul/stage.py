@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import HAS_CUDA, gpu
-from .. import reference as ref
-from ..roofline import matmul_bytes, matmul_flops
-from ..shapes import GPT2_MODELS, gpt2_gemms
-from ..kernel_check import MATMUL_KERNEL, input_copies
-from ..testing import REL_TOL, calibrated_tol, rel_error, torch_matmul
-from .base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _no_copies, _randn, _refilled, _twice, _with_repeat
+from common import HAS_CUDA, gpu
+from common import reference as ref
+from common.roofline import matmul_bytes, matmul_flops
+from common.shapes import GPT2_MODELS, gpt2_gemms
+from common.kernel_check import MATMUL_KERNEL, input_copies
+from common.testing import REL_TOL, calibrated_tol, rel_error, torch_matmul
+from common.stages.base import (Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _no_copies, _randn, _refilled,
+                                _twice, _with_repeat)
 
 
 def _matmul_tol(a: torch.Tensor, b: torch.Tensor, expected: torch.Tensor) -> float:

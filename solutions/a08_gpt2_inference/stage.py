@@ -5,13 +5,13 @@ import os
 
 import torch
 
-from .. import DEVICE, HAS_CUDA
-from .. import reference as ref
-from ..roofline import gpt2_decode_bytes, gpt2_decode_flops
-from ..kernel_check import DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, host_syncs
-from ..testing import REL_TOL, random_gpt2
-from .base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _pick_dtype, _randn,
-                   _refilled, _twice, _with_repeat)
+from common import DEVICE, HAS_CUDA
+from common import reference as ref
+from common.roofline import gpt2_decode_bytes, gpt2_decode_flops
+from common.kernel_check import DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, host_syncs
+from common.testing import REL_TOL, random_gpt2
+from common.stages.base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _pick_dtype,
+                                _randn, _refilled, _twice, _with_repeat)
 
 
 A08_TINY = dict(vocab_size=257, n_positions=64, n_embd=64, n_layer=2)

@@ -5,9 +5,9 @@ from collections.abc import Callable
 
 import torch
 
-from .. import HAS_CUDA
-from ..profiling import fake_cuda, trace_ops
-from .base import Run, Stage, Trial, _call
+from common import HAS_CUDA
+from common.profiling import fake_cuda, trace_ops
+from common.stages.base import Run, Stage, Trial, _call
 
 
 #: Host <-> device copies the student's counter must count as the harness does, on fake CUDA
