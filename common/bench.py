@@ -17,27 +17,31 @@ import sys
 
 from common.impl import add_impl_argument
 
-#: stage -> the benchmark module under solutions/ (its main(argv) takes --impl)
-BENCHES = {
-    "a01": "a03_fused_linear.bench", "a02": "a03_fused_linear.bench", "a03": "a03_fused_linear.bench",
-    "a04": "a04_cuda_gelu.bench", "a05": "a04_cuda_gelu.bench",
-    "a06": "a06_matmul.bench",
-    "a07": "a07_flash_attention.bench", "a07c": "a07_flash_attention.bench_hopper",
-    "a08": "a08_gpt2_inference.bench",
-}
+def benches() -> dict[str, str]:
+    """stage -> the benchmark module under solutions/ (its main(argv) takes --impl): each stage's
+    ``BENCHES`` (its spec module, solutions/aNN_name/stage.py, found by common.stages)."""
+    from common.stages import STAGE_MODULES
+    return {k: v for m in STAGE_MODULES for k, v in getattr(m, "BENCHES", {}).items()}
+
+
+def __getattr__(name: str):
+    if name == "BENCHES":                      # benches() as a table
+        return benches()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in BENCHES:
-        print(__doc__.strip() + f"\n\nstages: {' '.join(BENCHES)}", file=sys.stderr)
+    table = benches()
+    if not argv or argv[0] not in table:
+        print(__doc__.strip() + f"\n\nstages: {' '.join(table)}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     stage, rest = argv[0], argv[1:]
     ap = argparse.ArgumentParser(add_help=False)
     add_impl_argument(ap)                          # COURSE_IMPL, else assignments
     args, rest = ap.parse_known_args(rest)
     rest = ["--impl", args.impl, *rest]
-    module = importlib.import_module(f"solutions.{BENCHES[stage]}")
+    module = importlib.import_module(f"solutions.{table[stage]}")
     return module.main(rest) or 0
 
 

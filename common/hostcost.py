@@ -180,129 +180,19 @@ def _randn(*shape, device, dtype, grad=False):
     return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(grad)
 
 
-def _add_bias(load, dev, dt):
-    m = load("a03_fused_linear.add_bias")
-    y, b = _randn(8, 64, device=dev, dtype=dt), _randn(64, device=dev, dtype=dt)
-    return (lambda: m.add_bias(y, b)), (lambda: y + b)
+# Each stage's cases are in its spec module (``hostcost_cases()`` in solutions/aNN_name/stage.py).
+def cases() -> list[Case]:
+    """Every stage's cases, in stage order: ``hostcost_cases()`` of each stage's spec module
+    (``solutions/aNN_name/stage.py``, found by common.stages)."""
+    from common.stages import STAGE_MODULES
+    return [c for m in STAGE_MODULES if hasattr(m, "hostcost_cases") for c in m.hostcost_cases()]
 
 
-def _fused_linear(backend):
-    def make(load, dev, dt):
-        m = load("a03_fused_linear.fused_linear")
-        w, b, x = _randn(64, 64, device=dev, dtype=dt), _randn(64, device=dev, dtype=dt), _randn(8, 64, device=dev, dtype=dt)
-        layer = m.FusedLinear(w, b, backend=backend)
-        return (lambda: layer(x)), (lambda: F.linear(x, w, b))
-    return make
+def __getattr__(name: str):
+    if name == "CASES":                        # the cases as a list, read where a tool asks for them
+        return cases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-def _cuda_gelu(load, dev, dt):
-    m = load("a04_cuda_gelu.fused_gelu")
-    x = _randn(8, 64, device=dev, dtype=dt)
-    return (lambda: m.fused_gelu(x)), (lambda: F.gelu(x, approximate="tanh"))
-
-
-def _triton_gelu(load, dev, dt):
-    m = load("a05_triton_gelu.gelu_triton")
-    x = _randn(8, 64, device=dev, dtype=dt)
-    return (lambda: m.gelu(x)), (lambda: F.gelu(x, approximate="tanh"))
-
-
-def _matmul(load, dev, dt):
-    m = load("a06_matmul.matmul_triton")
-    a, w = _randn(64, 64, device=dev, dtype=dt), _randn(64, 64, device=dev, dtype=dt)
-    return (lambda: m.matmul(a, w)), (lambda: a @ w)
-
-
-def _matmul_gelu(load, dev, dt):
-    m = load("a06_matmul.matmul_triton")
-    a, w, b = _randn(64, 64, device=dev, dtype=dt), _randn(64, 64, device=dev, dtype=dt), _randn(64, device=dev, dtype=dt)
-    return (lambda: m.matmul(a, w, b, activation="gelu_tanh")), (lambda: F.gelu(torch.addmm(b, a, w), approximate="tanh"))
-
-
-def _attn_inputs(dev, dt, grad, b=1, h=2, s=64, d=64):
-    return [_randn(b, h, s, d, device=dev, dtype=dt, grad=grad) for _ in range(3)]
-
-
-def _flash_fwd(load, dev, dt):
-    m = load("a07_flash_attention.flash_triton")
-    q, k, v = _attn_inputs(dev, dt, False)
-    return (lambda: m.flash_attention(q, k, v, True)), (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-
-
-def _step(attn, q, k, v, do):
-    """One autograd step through ``attn``: forward, backward with ``do``; the grads start empty."""
-    def step():
-        for t in (q, k, v):
-            t.grad = None
-        attn(q, k, v).backward(do)
-    return step
-
-
-def _flash_fwd_bwd(load, dev, dt):
-    m = load("a07_flash_attention.flash_triton")
-    q, k, v = _attn_inputs(dev, dt, True)
-    do = torch.randn_like(q)
-    return (_step(lambda q, k, v: m.flash_attention(q, k, v, True), q, k, v, do),
-            _step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, do))
-
-
-def _add_layernorm(load, dev, dt):
-    m = load("a08_gpt2_inference.layernorm")
-    x, r = _randn(4, 768, device=dev, dtype=dt), _randn(4, 768, device=dev, dtype=dt)
-    w, b = _randn(768, device=dev, dtype=dt), _randn(768, device=dev, dtype=dt)
-
-    def torch_op():
-        h = x + r
-        return h, F.layer_norm(h, (768,), w, b)
-    return (lambda: m.add_layernorm(x, r, w, b)), torch_op
-
-
-def _decode_attention(load, dev, dt):
-    m = load("a08_gpt2_inference.decode_attention")
-    b, h, s_max, d, length = 1, 12, 128, 64, 100
-    q = _randn(b, h, d, device=dev, dtype=dt)
-    kc, vc = _randn(b, h, s_max, d, device=dev, dtype=dt), _randn(b, h, s_max, d, device=dev, dtype=dt)
-    lengths = torch.full((b,), length, dtype=torch.int32, device=dev)
-    return (lambda: m.decode_attention(q, kc, vc, lengths)), (
-        lambda: F.scaled_dot_product_attention(q[:, :, None], kc[:, :, :length], vc[:, :, :length]))
-
-
-def _write_kv(load, dev, dt):
-    m = load("a08_gpt2_inference.kv_cache")
-    b, h, s_max, d, pos = 1, 12, 128, 64, 100
-    qkv = _randn(b, 1, 3 * h * d, device=dev, dtype=dt)
-    kc, vc = torch.zeros(b, h, s_max, d, device=dev, dtype=dt), torch.zeros(b, h, s_max, d, device=dev, dtype=dt)
-    start = torch.full((b,), pos, dtype=torch.int32, device=dev)
-
-    def torch_op():   # the slice assignments write_kv replaces
-        _, k, v = qkv.view(b, 1, 3, h, d).unbind(2)
-        kc[:, :, pos:pos + 1] = k.transpose(1, 2)
-        vc[:, :, pos:pos + 1] = v.transpose(1, 2)
-    return (lambda: m.write_kv(qkv, kc, vc, start)), torch_op
-
-
-def _gemv(load, dev, dt):
-    m = load("a08_gpt2_inference.gemv")
-    x, w, b = _randn(1, 768, device=dev, dtype=dt), _randn(768, 768, device=dev, dtype=dt), _randn(768, device=dev, dtype=dt)
-    return (lambda: m.gemv(x, w, b)), (lambda: torch.addmm(b, x, w))
-
-
-CASES = [
-    Case("a03_add_bias", "a03", "add_bias(y, b) vs y + b; y [8, 64]", 1, _add_bias),
-    Case("a03_linear_addmm", "a03", "FusedLinear (addmm) vs F.linear; [8, 64] x 64->64", 1, _fused_linear("addmm")),
-    Case("a03_linear_triton", "a03", "FusedLinear (triton: GEMM + add_bias_) vs F.linear", 2, _fused_linear("triton")),
-    Case("a04_gelu", "a04", "fused_gelu (CUDA op) vs F.gelu(tanh); [8, 64]", 1, _cuda_gelu, cuda_only=True),
-    Case("a05_gelu", "a05", "gelu (Triton custom op) vs F.gelu(tanh); [8, 64]", 1, _triton_gelu),
-    Case("a06_matmul", "a06", "matmul vs a @ w; 64x64x64", 1, _matmul),
-    Case("a06_matmul_gelu", "a06", "matmul + bias + GELU vs addmm + F.gelu; 64x64x64", 1, _matmul_gelu),
-    Case("a07_fwd", "a07", "flash forward vs SDPA; B 1, H 2, S 64, d 64, causal", 1, _flash_fwd),
-    Case("a07_fwd_bwd", "a07", "flash forward + backward (autograd) vs SDPA's; same shape", 4, _flash_fwd_bwd),
-    Case("a08_add_layernorm", "a08", "add_layernorm vs x + r, F.layer_norm; [4, 768]", 1, _add_layernorm),
-    Case("a08_decode_attention", "a08", "decode_attention vs SDPA on the cache; B 1, H 12, 100 of 128 keys", 2,
-         _decode_attention),
-    Case("a08_write_kv", "a08", "write_kv vs two slice assignments; B 1, T 1, H 12", 1, _write_kv),
-    Case("a08_gemv", "a08", "gemv + bias vs addmm; [1, 768] x [768, 768]", 1, _gemv),
-]
 
 #: The training cases: (model, B, H, S) with d = 64, causal, bf16, GPT-2's layout (q, k, v views of one qkv
 #: tensor [B, S, 3·H·d]). The floor applies at B·H 96-384 (GPT-2 small/medium training shapes);
@@ -344,7 +234,7 @@ def _row(kind, stage, case, kernels, course, torch_, bare, floor, met, ch, th, c
 
 
 def run_cases(impl: Impl, keys: list[str] | None = None, *, stub: bool = False, log=print) -> list[dict]:
-    """Measure CASES (those in ``keys``, default all) for ``impl``: on a GPU for real, or with ``stub``
+    """Measure the cases (those in ``keys``, default all) for ``impl``: on a GPU for real, or with ``stub``
     under the interpreter (the wrappers' Python; the PyTorch op on the CPU)."""
     dev, dt = DEVICE, (torch.bfloat16 if HAS_CUDA else torch.float32)
     clock = "cpu-stub" if stub else "cuda"
@@ -359,7 +249,7 @@ def run_cases(impl: Impl, keys: list[str] | None = None, *, stub: bool = False, 
             h2, g2 = host_and_gpu_us(lambda: bx.add_(0))
             rows[-1].update(course_host_us=h1, torch_host_us=h2, course_gpu_us=g1, torch_gpu_us=g2)
         log(f"[hostcost] bare launch {bare:.1f} us, x.add_(0) {tbare:.1f} us ({clock})")
-        for case in CASES:
+        for case in cases():
             if keys and case.key not in keys:
                 continue
             if case.cuda_only and not HAS_CUDA:
@@ -513,9 +403,9 @@ def profile_case(impl: Impl, key: str, *, stub: bool, calls: int = 2000, top: in
     import cProfile
     import io
     import pstats
-    case = next((c for c in CASES if c.key == key), None)
+    case = next((c for c in cases() if c.key == key), None)
     if case is None:
-        raise SystemExit(f"--profile: no case {key!r}; cases: {', '.join(c.key for c in CASES)}")
+        raise SystemExit(f"--profile: no case {key!r}; cases: {', '.join(c.key for c in cases())}")
     with stub_launches() if stub else contextlib.nullcontext():
         course, _ = case.make(impl.load, DEVICE, torch.bfloat16 if HAS_CUDA else torch.float32)
         for _ in range(3):

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -263,7 +262,8 @@ def verify(facts: Facts, launches: list[Launch], archs: list[Arch], n: int, seed
 
 
 # ============================================================================ what the course launches
-# Each function below yields the Launches of one stage as its launcher makes them: the dtypes,
+# Each stage's spec module (solutions/aNN_name/stage.py) has a ``portability_launches(load, archs, full)``
+# that yields the Launches of the stage as its launcher makes them: the dtypes,
 # constexprs, warps and stages of every config the launcher or its autotuner can pick. Configs are
 # read from the impl's own modules (given code, the same in assignments/ and solutions/), so a
 # config table edited there is what gets compiled. Tensor arguments are 16-byte aligned and strides
@@ -289,245 +289,25 @@ def _dtypes(full: bool, arch: str | None = None) -> tuple[str, ...]:
     return (FP32, BF16, FP16) if full or arch == "sm_75" else (FP32, BF16)
 
 
-def _a03(load, full: bool) -> Iterator[Launch]:
-    mod = load("a03_fused_linear.add_bias")
-    for n in (1, 768, 50257):                  # BLOCK_N 1 .. 256, BLOCK_M 64 .. 16 (add_bias._launch)
-        bn = min(_next_pow2(n), 256)
-        bm = max(1, min(64, 4096 // bn))
-        for dt in _dtypes(full) if full else (BF16,):
-            yield Launch("a03", "add_bias_kernel", f"{dt} BLOCK_M={bm} BLOCK_N={bn}", mod.add_bias_kernel,
-                         (_dt(dt),) * 3 + (4096, n, n, 1, n, 1), dict(BLOCK_M=bm, BLOCK_N=bn))
-
-
-def _a05(load, full: bool) -> Iterator[Launch]:
-    mod = load("a05_triton_gelu.gelu_triton")
-    for c in mod.gelu_kernel.configs:          # every autotune candidate
-        for dt in _dtypes(full) if full else (BF16,):
-            yield Launch("a05", "gelu_kernel", f"{dt} BLOCK={c.kwargs['BLOCK']} warps={c.num_warps}", mod.gelu_kernel.fn,
-                         (_dt(dt), _dt(dt), 1 << 26), dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages))
-
-
-#: The matmul calls whose config sets differ (matmul_triton.configs_for): (what, M, K, aligned).
-MATMUL_CALLS = (("M>64", 4096, 768, True), ("M>64 long K", 4096, 4096, True), ("M<=64", 16, 768, True),
-                ("M>64 unaligned", 4095, 4095, False), ("M<=64 unaligned", 16, 4095, False))
-#: (input dtype, INPUT_PRECISION, b's layout, full tier only): 16-bit; fp32 on TF32 tensor cores with b
-#: N-major (launched as C^T = B^T A^T, SWAP_AB, at M > 64) and K-major; fp32 with IEEE dots
-#: (allow_tf32=False: stage 8's fp32 engine).
-MATMUL_KINDS = ((BF16, "ieee", "n-major", False), (FP32, "tf32", "n-major", False), (FP16, "ieee", "n-major", True),
-                (FP32, "tf32", "k-major", True), (FP32, "ieee", "n-major", True))
-
-
-def _matmul_launch(mod, arch: str, what: str, dt: str, prec: str, layout: str, m: int, k: int, aligned: bool,
-                   config: tuple, prefetch: bool) -> Launch:
-    n = 3072 if aligned else 4095
-    swap = prec == "tf32" and m > 64 and layout == "n-major"
-    mm, nn = (n, m) if swap else (m, n)
-    # strides of (x, y, z) as matmul() passes them: a [M, K] row-major, b [K, N] N-major (Conv1D's
-    # weight) or K-major (nn.Linear's weight.t()), c [M, N]; swapped: (b^T, a^T, c^T)
-    sa, sb, sc = (k, 1), ((n, 1) if layout == "n-major" else (1, k)), (n, 1)
-    if swap:
-        sa, sb, sc = (sb[1], sb[0]), (sa[1], sa[0]), (sc[1], sc[0])
-    bm, bn, bk, w, s = config
-    kw = dict(HAS_BIAS=True, ACTIVATION="gelu_tanh", INPUT_PRECISION=prec, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-              GROUP_M=8, EVEN_K=k % bk == 0, DOT_FP32=False, FAST_TANH=dt != FP32, PREFETCH=prefetch, SWAP_AB=swap,
-              num_warps=w, num_stages=s)
-    t = _dt(dt)
-    return Launch("a06", "matmul_kernel", f"{what} {dt} {prec} b {layout}{' swapped' if swap else ''}: "
-                  f"{bm}x{bn}x{bk} w{w} s{s}{' PREFETCH' if prefetch else ''}",
-                  mod.matmul_kernel, (t, t, t, t, mm, nn, k, *sa, *sb, *sc, 1), kw, (arch,))
-
-
-def _a06(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    mod = load("a06_matmul.matmul_triton")
-    for arch in archs:
-        limits = (arch.capability, arch.smem_per_block)
-        if full or arch.name in TENSOR_CORE_ARCHS:
-            for dt, prec, layout, full_only in MATMUL_KINDS:
-                if full_only and not full:
-                    continue
-                size = _dt(dt).itemsize
-                for what, m, k, aligned in MATMUL_CALLS:
-                    if layout == "k-major" and (m <= 64 or not aligned):
-                        continue               # the same configs as n-major there (no swap)
-                    for config, prefetch in mod.configs_for(m, k, size, aligned, limits):   # the autotuner's
-                        if not aligned and not full and (config, prefetch) in mod.configs_for(m, k, size, True, limits):
-                            continue           # an aligned config on unaligned rows: no cp.async ring, less shared memory
-                        yield _matmul_launch(mod, arch.name, f"autotune {what}", dt, prec, layout, m, k, aligned,
-                                             config, prefetch)
-        for name in ("TINY_CONFIG", "SWEEP_CONFIG"):                  # the fixed configs, fitted as matmul() does
-            for dt, prec in ((BF16, "ieee"), (FP32, "tf32"), (FP32, "ieee")):
-                if name == "SWEEP_CONFIG" and dt == FP32:
-                    continue                   # the bench's tile-quantization sweep is bf16
-                size = _dt(dt).itemsize
-                config = mod.fit_config(getattr(mod, name), size, limits)
-                yield _matmul_launch(mod, arch.name, name, dt, prec, "n-major", 4096 if name == "SWEEP_CONFIG" else 16,
-                                     768, True, config, False)
-
-
-def _flash_args(d: int, dt: str, kind: str) -> tuple:
-    t, f = _dt(dt), _dt(FP32)
-    strides = (12 * 4096 * d, 4096 * d, d, 1)
-    tensors = {"fwd": (t, t, t, t, f), "dkdv": (t, t, t, t, f, f, t, t), "dq": (t, t, t, t, f, f, t)}[kind]
-    grads = () if kind == "fwd" else strides[:3]     # the backward kernels' dQ / dK, dV layout (contiguous here)
-    return (*tensors, *strides * 4, *grads, 12, 4096, 4096, 0.125)
-
-
-def _a07(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    mod = load("a07_flash_attention.flash_triton")
-    fns = {"fwd": mod._attn_fwd, "dkdv": mod._attn_bwd_dkdv, "dq": mod._attn_bwd_dq}
-    # (kind, dtype, d, N_Q, precision, causal): every table entry and HALF_D128 choice the launcher makes
-    # (flash_triton._pick), fp32 forward also with IEEE dots (attention_forward(allow_tf32=False): stage
-    # 8's fp32 prefill at d = 64); causal: both key loops, the masked one with its compare.
-    for arch in archs:
-        if not full and arch.name not in TENSOR_CORE_ARCHS + ("sm_90",):
-            continue
-        for kind in ("fwd", "dkdv", "dq"):
-            for dt in _dtypes(full, arch.name):
-                for d in ((16, 32, 64, 128) if full else (64, 128)):
-                    for n in ((512, 4096) if d == 128 and dt != FP32 else (4096,)):
-                        precs = ((None, "ieee") if full or d == 64 else (None,)) if kind == "fwd" and dt == FP32 \
-                            else (None,)
-                        for prec in precs:
-                            if not full and arch.name == "sm_90" and (dt == FP32 and prec == "ieee"):
-                                continue
-                            for causal in ((True, False) if full else (True,)):
-                                # the launcher's own choice: the config, and whether it may fall back
-                                _, cfg, fallback = mod._kernel(fns[kind], kind, d, n, _dt(dt))
-                                kw = dict(HEAD_DIM=d, CAUSAL=causal,
-                                          **({"BLOCK_D": d} if kind == "fwd" else {}),
-                                          **({"allowed_dot_input_precisions": (prec,)} if prec else {}))
-                                chain = tuple(dict(kw, **c) for c in (mod.smaller_configs(cfg) if fallback else [cfg]))
-                                yield Launch("a07", fns[kind].__name__,
-                                             f"{dt}{' ieee' if prec else ''} d={d} N_Q={n}{'' if causal else ' not causal'}: "
-                                             f"{_cfg_str(cfg)}", fns[kind], _flash_args(d, dt, kind), chain[0],
-                                             (arch.name,), chain[1:])
-    t, f = _dt(BF16), _dt(FP32)
-    yield Launch("a07", "_attn_bwd_delta", "bfloat16 d=128 BLOCK_M=64", mod._attn_bwd_delta,
-                 (t, t, f, *(12 * 4096 * 128, 4096 * 128, 128, 1) * 2, 12, 4096), dict(HEAD_DIM=128, BLOCK_M=64))
-
-
-def _cfg_str(cfg: dict) -> str:
-    return f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
-
-
-def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    ln = load("a08_gpt2_inference.layernorm")
-    dec = load("a08_gpt2_inference.decode_attention")
-    kv = load("a08_gpt2_inference.kv_cache")
-    gv = load("a08_gpt2_inference.gemv")
-    smp = load("a08_gpt2_inference.sampling")
-    nc = -(-50257 // smp.CHUNK)                # sampling.py's kernels over GPT-2's vocabulary
-    f32, i32, i64 = _dt(FP32), _dt("int32"), _dt("int64")
-    for dt in (FP32, BF16):
-        t = _dt(dt)
-        for greedy in (True, False):
-            mode = "greedy" if greedy else "sample"
-            yield Launch("a08", "_choose_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KC={smp.KC} warps={smp.CHUNK_WARPS}",
-                         smp._choose_kernel,
-                         (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
-                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, KC=smp.KC, NB=smp.NB, RANGE=smp.RANGE,
-                              NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=not greedy,
-                              BLOCK_V=smp.BLOCK_V, USE_PDL=False, num_warps=smp.CHUNK_WARPS))
-        yield Launch("a08", "_choose_kernel", f"{dt} sample wide CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KC={smp.KC_WIDE} warps={smp.CHUNK_WARPS}",
-                     smp._choose_kernel,
-                     (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
-                     dict(GREEDY=False, CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, KC=smp.KC_WIDE, NB=smp.NB, RANGE=smp.RANGE,
-                          NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=True,
-                          BLOCK_V=smp.BLOCK_V, USE_PDL=False, num_warps=smp.CHUNK_WARPS))
-        yield Launch("a08", "_reject_kernel", f"{dt} CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KA={smp.KA} BLOCK_V={smp.BLOCK_V} warps={smp.CHUNK_WARPS}",
-                     smp._reject_kernel,
-                     (t, f32, i64, i32, f32, i32, i64, i32, i64, 50257, 50257, nc),
-                     dict(CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, NCP=_next_pow2(nc), KA=smp.KA, BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS,
-                          USE_PDL=False, num_warps=smp.CHUNK_WARPS))
-    for dt in (FP32, BF16, FP16):
-        only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
-        t, f = _dt(dt), _dt(FP32)
-        yield from _a08_gemv(gv, dt, t, f, only)
-        for c in (64, 768, 1600, 8192):        # BLOCK_C 64 .. 8192, warps 1 .. 8 (layernorm._launch)
-            block = _next_pow2(c)
-            warps = ln.warps_for(block)
-            yield Launch("a08", "_add_layernorm_kernel", f"{dt} BLOCK_C={block} warps={warps}", ln._add_layernorm_kernel,
-                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5),
-                         dict(HAS_RESIDUAL=True, BLOCK_C=block, USE_PDL=False, num_warps=warps),
-                         only)
-        for d in (64, 128):
-            warps = dec.split_warps(d)
-            for splits in (1, 64):
-                yield Launch("a08", "_decode_split", f"{dt} d={d} NUM_SPLITS={splits} BLOCK_N={dec.BLOCK_N} warps={warps}",
-                             dec._decode_split, (t, t, t, _dt("int32"), t, f, f, 12 * d, d, 12 * 1024 * d, 1024 * d, d,
-                                                 12 * 1024 * d, 1024 * d, d, 12 * d, d, 12, 0.18),
-                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, BLOCK_D=d, USE_PDL=False,
-                                  PREFETCH=0, LINE=64, num_warps=warps), only)
-            yield Launch("a08", "_decode_combine", f"{dt} d={d} NUM_SPLITS=64", dec._decode_combine,
-                         (f, f, t, 12 * d, d, 12),
-                         dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, BLOCK_D=d, USE_PDL=False, num_warps=1), only)
-            yield Launch("a08", "_write_kv_kernel", f"{dt} d={d} BLOCK_H=32", kv._write_kv_kernel,
-                         (t, t, t, _dt("int32"), 1, 25, 1024, 3 * 25 * d, 25 * 1024 * d, 1024 * d, d),
-                         dict(HEAD_DIM=d, BLOCK_H=32, BLOCK_D=d, USE_PDL=False, num_warps=4), only)
-
-
-def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
-    """The decode GEMV as the engine launches it (gemv.choose_config on 132 SMs, GPT-2 XL's shapes): K-major W
-    at 1 row (FMAs) and 16 rows (tl.dot), and N-major W split over K (the partial sums' combine); one
-    more with programmatic dependent launch, on sm_90 only (griddepcontrol needs Hopper)."""
-    from common.launch import cdiv
-    tdt = _dt(dt)
-    for m, k, n, kmajor, smem, archs in _gemv_cases(gv, only):
-        bn, bk, splits, warps, stages = gv.choose_config(m, n, k, tdt, kmajor, 132, smem=smem, interpreter=False)
-        dot = gv.use_dot(m)
-        bm = gv.block_m(m, dot)
-        per = cdiv(cdiv(k, bk), splits) * bk             # rows of W per split, whole slices (as gemv())
-        sw = (1, k) if kmajor else (n, 1)              # W's (stride_wk, stride_wn)
-        for pdl in (False, True):
-            if pdl and ((m, kmajor) != (1, True) or only is not None):
-                continue
-            # the engine's epilogues: c_attn / c_fc with the LayerNorm folded in (K = n_embd; c_attn also
-            # writes the KV cache), the projections with the residual added (K = 4·n_embd or n_embd)
-            fold, res = k == 1600, k != 1600
-            yield Launch("a08", "_matvec_kernel",
-                         f"{dt} M={m} {k}->{n} {'K' if kmajor else 'N'}-major {(bn, bk, splits, warps, stages)}"
-                         f"{' LN fold' if fold else ' residual'}{' PDL' if pdl else ''}", gv._matvec_kernel,
-                         (t, t, f, t, f, _dt("int32"), t, f, m, n, k, per, k, 1, *sw, n, n, 1e-5,
-                          t, t, _dt("int32"), 25 * 1024 * 64, 1024 * 64, 64, 1024, 64),   # XL's cache [B, 25, 1024, 64]
-                         dict(KV_WRITE=n == 3 * k, HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=tdt.itemsize == 2,
-                              HAS_RESIDUAL=res, LN_FOLD=fold, PRELOAD=gv.preload(k, bm, warps),
-                              ONE_TILE=gv.stat_k(k, bm, warps) >= k, STAT_K=gv.stat_k(k, bm, warps), SPLIT_K=splits,
-                              COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False,
-                              BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=kmajor, FENCE=True, USE_PDL=pdl,
-                              num_warps=warps, num_stages=stages),
-                         ("sm_90",) if pdl else archs)
-
-
-def _gemv_cases(gv, only) -> Iterator[tuple]:
-    """(M, K, N, K-major, shared memory, the families) of each _a08_gemv launch: the K-major tl.dot path's
-    tile and stages follow the GPU's shared memory (gemv.choose_config's ``smem``), so it is one launch per
-    family; the others are one launch for all."""
-    for m, k, n, kmajor in ((1, 1600, 4800, True), (16, 6400, 1600, True), (1, 1600, 4800, False), (16, 1600, 6400, False)):
-        if kmajor and gv.use_dot(m):
-            for name, arch in ARCHS.items():
-                if only is None or name in only:
-                    yield m, k, n, kmajor, arch.smem_per_block, (name,)
-        else:
-            yield m, k, n, kmajor, None, only
-
-
 def _next_pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-STAGES = ("a03", "a05", "a06", "a07", "a08")
+def makers() -> dict:
+    """stage key -> its ``portability_launches(load, archs, full)`` (the stage's spec module,
+    solutions/aNN_name/stage.py), for the stages that launch Triton kernels."""
+    from common.stages import STAGE_MODULES
+    return {m.STAGE.key: m.portability_launches for m in STAGE_MODULES if hasattr(m, "portability_launches")}
 
 
-def launches(impl=None, archs: list[Arch] | None = None, stages=STAGES, full: bool = False) -> list[Launch]:
-    """Every Triton kernel launch the course's stages make (``full``: the full tier, see TIERS), from the
-    impl's modules (default: COURSE_IMPL)."""
+def launches(impl=None, archs: list[Arch] | None = None, stages=None, full: bool = False) -> list[Launch]:
+    """Every Triton kernel launch the course's stages make (``stages``: those keys, default all; ``full``:
+    the full tier, see TIERS), from the impl's modules (default: COURSE_IMPL)."""
     from common.impl import Impl
     impl = Impl.get(impl)
     archs = archs if archs is not None else list(ARCHS.values())
-    makers = {"a03": lambda: _a03(impl.load, full), "a05": lambda: _a05(impl.load, full),
-              "a06": lambda: _a06(impl.load, archs, full), "a07": lambda: _a07(impl.load, archs, full),
-              "a08": lambda: _a08(impl.load, archs, full)}
-    return [lch for s in stages for lch in makers[s]()]
+    make = makers()
+    return [lch for s in (stages or make) for lch in make[s](impl.load, archs, full)]
 
 
 # ============================================================================ command line
@@ -547,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_impl_argument(ap, default="solutions", help="the tree whose kernels are compiled")
     ap.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated, of {', '.join(ARCHS)}")
-    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+    stages = list(makers())
+    ap.add_argument("--stages", default=",".join(stages), help=f"comma-separated, of {', '.join(stages)}")
     ap.add_argument("--full", action="store_true", help="the full tier (see TIERS): every family, dtype and variant")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at a time")
     ap.add_argument("--no-facts", action="store_true", help=f"compile everything (ignore {FACTS_FILE.name})")
@@ -571,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     mismatched = verify(facts, work, archs, args.verify) if args.verify else []
     if args.update:
         facts.save(prune=args.full and set(args.archs.split(",")) == set(ARCHS) and
-                   set(args.stages.split(",")) == set(STAGES))
+                   set(args.stages.split(",")) == set(stages))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=1)

@@ -185,3 +185,5 @@ def _a01_trials(rng):
 
 
 STAGE = Stage("a01_roundtrip_linear", "Round-trip Linear: transfer counter", _a01_trials)
+#: ``python -m common.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
+BENCHES = {"a01": "a03_fused_linear.bench"}

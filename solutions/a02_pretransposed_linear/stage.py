@@ -93,3 +93,5 @@ def _a02_perf(load):
 
 
 STAGE = Stage("a02_pretransposed_linear", "Pre-transposed Linear", _a02_trials, _a02_perf)
+#: ``python -m common.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
+BENCHES = {"a02": "a03_fused_linear.bench"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +11,8 @@ from common import reference as ref
 from common.roofline import matmul_bytes, matmul_flops
 from common.kernel_check import BIAS_KERNEL, FUSED_LINEAR, Forbidden, held_tensors, input_copies
 from common.testing import REL_TOL
+from common.gpu import Arch
+from common.portability import BF16, Launch, _dt, _dtypes, _next_pow2
 from common.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
                                 _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
 
@@ -138,3 +141,46 @@ def _a03_perf(load):
 
 
 STAGE = Stage("a03_fused_linear", "Bias kernel + fused Linear", _a03_trials, _a03_perf)
+#: ``python -m common.bench KEY`` runs this module of solutions/
+BENCHES = {"a03": "a03_fused_linear.bench"}
+
+
+# ----------------------------------------------------------------------------- host cost
+def _hc_add_bias(load, dev, dt):
+    m = load("a03_fused_linear.add_bias")
+    y, b = torch.randn(8, 64, device=dev, dtype=dt), torch.randn(64, device=dev, dtype=dt)
+    return (lambda: m.add_bias(y, b)), (lambda: y + b)
+
+
+def _hc_fused_linear(backend):
+    def make(load, dev, dt):
+        m = load("a03_fused_linear.fused_linear")
+        w, b, x = torch.randn(64, 64, device=dev, dtype=dt), torch.randn(64, device=dev, dtype=dt), torch.randn(8, 64, device=dev, dtype=dt)
+        layer = m.FusedLinear(w, b, backend=backend)
+        return (lambda: layer(x)), (lambda: F.linear(x, w, b))
+    return make
+
+
+def hostcost_cases() -> list:
+    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    shape, beside the PyTorch op each replaces."""
+    from common.hostcost import Case
+    return [
+        Case("a03_add_bias", "a03", "add_bias(y, b) vs y + b; y [8, 64]", 1, _hc_add_bias),
+        Case("a03_linear_addmm", "a03", "FusedLinear (addmm) vs F.linear; [8, 64] x 64->64",
+             1, _hc_fused_linear("addmm")),
+        Case("a03_linear_triton", "a03", "FusedLinear (triton: GEMM + add_bias_) vs F.linear",
+             2, _hc_fused_linear("triton")),
+    ]
+
+
+# ----------------------------------------------------------------------------- portability (common.portability)
+def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    mod = load("a03_fused_linear.add_bias")
+    for n in (1, 768, 50257):                  # BLOCK_N 1 .. 256, BLOCK_M 64 .. 16 (add_bias._launch)
+        bn = min(_next_pow2(n), 256)
+        bm = max(1, min(64, 4096 // bn))
+        for dt in _dtypes(full) if full else (BF16,):
+            yield Launch("a03", "add_bias_kernel", f"{dt} BLOCK_M={bm} BLOCK_N={bn}", mod.add_bias_kernel,
+                         (_dt(dt),) * 3 + (4096, n, n, 1, n, 1), dict(BLOCK_M=bm, BLOCK_N=bn))

@@ -86,3 +86,32 @@ def _a04_trials(rng):
 
 STAGE = Stage("a04_cuda_gelu", "Fused GELU (CUDA op)", _a04_trials, _gelu_perf("a04", "CUDA fused_gelu"),
               gpu_only=True)
+#: ``python -m common.bench KEY`` runs this module of solutions/
+BENCHES = {"a04": "a04_cuda_gelu.bench"}
+
+
+# ----------------------------------------------------------------------------- host cost
+def _hc_cuda_gelu(load, dev, dt):
+    m = load("a04_cuda_gelu.fused_gelu")
+    x = torch.randn(8, 64, device=dev, dtype=dt)
+    return (lambda: m.fused_gelu(x)), (lambda: F.gelu(x, approximate="tanh"))
+
+
+def hostcost_cases() -> list:
+    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    shape, beside the PyTorch op each replaces."""
+    from common.hostcost import Case
+    return [
+        Case("a04_gelu", "a04", "fused_gelu (CUDA op) vs F.gelu(tanh); [8, 64]", 1, _hc_cuda_gelu, cuda_only=True),
+    ]
+
+
+# ----------------------------------------------------------------------------- CUDA builds (common.cuda_ext)
+def cuda_ops() -> dict:
+    """The CUDA extensions this stage builds (the op, and its --use_fast_math twin): a cold test run on a GPU prebuilds them
+    in the background (tests/autograder.py)."""
+    from common.cuda_ext import CourseOp
+    return {
+        "a04": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(), "test_a04_cuda_gelu.py"),
+        "a04_fast": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(fast_math=True), "test_a04_cuda_gelu.py"),
+    }

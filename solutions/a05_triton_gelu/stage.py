@@ -1,6 +1,13 @@
 """Stage 5, the fused GELU in Triton: the GELU trials and speed cases of stage 4's spec."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from common.gpu import Arch
+from common.portability import BF16, Launch, _dt, _dtypes
 from common.stages.base import Stage
 from solutions.a04_cuda_gelu.stage import _gelu_perf, _gelu_trials
 
@@ -10,3 +17,31 @@ def _a05_trials(rng):
 
 
 STAGE = Stage("a05_triton_gelu", "Fused GELU (Triton)", _a05_trials, _gelu_perf("a05", "Triton gelu"))
+#: ``python -m common.bench KEY`` runs this module of solutions/ (stages 4 and 5 share the GELU bench)
+BENCHES = {"a05": "a04_cuda_gelu.bench"}
+
+
+# ----------------------------------------------------------------------------- host cost
+def _hc_triton_gelu(load, dev, dt):
+    m = load("a05_triton_gelu.gelu_triton")
+    x = torch.randn(8, 64, device=dev, dtype=dt)
+    return (lambda: m.gelu(x)), (lambda: F.gelu(x, approximate="tanh"))
+
+
+def hostcost_cases() -> list:
+    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    shape, beside the PyTorch op each replaces."""
+    from common.hostcost import Case
+    return [
+        Case("a05_gelu", "a05", "gelu (Triton custom op) vs F.gelu(tanh); [8, 64]", 1, _hc_triton_gelu),
+    ]
+
+
+# ----------------------------------------------------------------------------- portability (common.portability)
+def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    mod = load("a05_triton_gelu.gelu_triton")
+    for c in mod.gelu_kernel.configs:          # every autotune candidate
+        for dt in _dtypes(full) if full else (BF16,):
+            yield Launch("a05", "gelu_kernel", f"{dt} BLOCK={c.kwargs['BLOCK']} warps={c.num_warps}", mod.gelu_kernel.fn,
+                         (_dt(dt), _dt(dt), 1 << 26), dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages))

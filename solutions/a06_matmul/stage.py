@@ -1,7 +1,10 @@
 """Stage 6, the tiled matmul (Triton, and the CUDA versions this GPU runs): trials, long K, speed cases."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
+import torch.nn.functional as F
 
 from common import HAS_CUDA, gpu
 from common import reference as ref
@@ -9,6 +12,8 @@ from common.roofline import matmul_bytes, matmul_flops
 from common.shapes import GPT2_MODELS, gpt2_gemms
 from common.kernel_check import MATMUL_KERNEL, input_copies
 from common.testing import REL_TOL, calibrated_tol, rel_error, torch_matmul
+from common.gpu import Arch
+from common.portability import BF16, FP16, FP32, TENSOR_CORE_ARCHS, Launch, _dt
 from common.stages.base import (Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _no_copies, _randn, _refilled,
                                 _twice, _with_repeat)
 
@@ -148,3 +153,97 @@ def _a06_perf(load):
 
 STAGE = Stage("a06_matmul", "Tiled matmul (CUDA + Triton)", _a06_trials, _a06_perf, perf_target=0.8,
               not_here=_a06_not_here)
+#: ``python -m common.bench KEY`` runs this module of solutions/
+BENCHES = {"a06": "a06_matmul.bench"}
+
+
+# ----------------------------------------------------------------------------- host cost
+def _hc_matmul(load, dev, dt):
+    m = load("a06_matmul.matmul_triton")
+    a, w = torch.randn(64, 64, device=dev, dtype=dt), torch.randn(64, 64, device=dev, dtype=dt)
+    return (lambda: m.matmul(a, w)), (lambda: a @ w)
+
+
+def _hc_matmul_gelu(load, dev, dt):
+    m = load("a06_matmul.matmul_triton")
+    a, w, b = torch.randn(64, 64, device=dev, dtype=dt), torch.randn(64, 64, device=dev, dtype=dt), torch.randn(64, device=dev, dtype=dt)
+    return (lambda: m.matmul(a, w, b, activation="gelu_tanh")), (lambda: F.gelu(torch.addmm(b, a, w), approximate="tanh"))
+
+
+def hostcost_cases() -> list:
+    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    shape, beside the PyTorch op each replaces."""
+    from common.hostcost import Case
+    return [
+        Case("a06_matmul", "a06", "matmul vs a @ w; 64x64x64", 1, _hc_matmul),
+        Case("a06_matmul_gelu", "a06", "matmul + bias + GELU vs addmm + F.gelu; 64x64x64", 1, _hc_matmul_gelu),
+    ]
+
+
+# ----------------------------------------------------------------------------- portability (common.portability)
+#: The matmul calls whose config sets differ (matmul_triton.configs_for): (what, M, K, aligned).
+MATMUL_CALLS = (("M>64", 4096, 768, True), ("M>64 long K", 4096, 4096, True), ("M<=64", 16, 768, True),
+                ("M>64 unaligned", 4095, 4095, False), ("M<=64 unaligned", 16, 4095, False))
+#: (input dtype, INPUT_PRECISION, b's layout, full tier only): 16-bit; fp32 on TF32 tensor cores with b
+#: N-major (launched as C^T = B^T A^T, SWAP_AB, at M > 64) and K-major; fp32 with IEEE dots
+#: (allow_tf32=False: stage 8's fp32 engine).
+MATMUL_KINDS = ((BF16, "ieee", "n-major", False), (FP32, "tf32", "n-major", False), (FP16, "ieee", "n-major", True),
+                (FP32, "tf32", "k-major", True), (FP32, "ieee", "n-major", True))
+
+
+def _matmul_launch(mod, arch: str, what: str, dt: str, prec: str, layout: str, m: int, k: int, aligned: bool,
+                   config: tuple, prefetch: bool) -> Launch:
+    n = 3072 if aligned else 4095
+    swap = prec == "tf32" and m > 64 and layout == "n-major"
+    mm, nn = (n, m) if swap else (m, n)
+    # strides of (x, y, z) as matmul() passes them: a [M, K] row-major, b [K, N] N-major (Conv1D's
+    # weight) or K-major (nn.Linear's weight.t()), c [M, N]; swapped: (b^T, a^T, c^T)
+    sa, sb, sc = (k, 1), ((n, 1) if layout == "n-major" else (1, k)), (n, 1)
+    if swap:
+        sa, sb, sc = (sb[1], sb[0]), (sa[1], sa[0]), (sc[1], sc[0])
+    bm, bn, bk, w, s = config
+    kw = dict(HAS_BIAS=True, ACTIVATION="gelu_tanh", INPUT_PRECISION=prec, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+              GROUP_M=8, EVEN_K=k % bk == 0, DOT_FP32=False, FAST_TANH=dt != FP32, PREFETCH=prefetch, SWAP_AB=swap,
+              num_warps=w, num_stages=s)
+    t = _dt(dt)
+    return Launch("a06", "matmul_kernel", f"{what} {dt} {prec} b {layout}{' swapped' if swap else ''}: "
+                  f"{bm}x{bn}x{bk} w{w} s{s}{' PREFETCH' if prefetch else ''}",
+                  mod.matmul_kernel, (t, t, t, t, mm, nn, k, *sa, *sb, *sc, 1), kw, (arch,))
+
+
+def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    mod = load("a06_matmul.matmul_triton")
+    for arch in archs:
+        limits = (arch.capability, arch.smem_per_block)
+        if full or arch.name in TENSOR_CORE_ARCHS:
+            for dt, prec, layout, full_only in MATMUL_KINDS:
+                if full_only and not full:
+                    continue
+                size = _dt(dt).itemsize
+                for what, m, k, aligned in MATMUL_CALLS:
+                    if layout == "k-major" and (m <= 64 or not aligned):
+                        continue               # the same configs as n-major there (no swap)
+                    for config, prefetch in mod.configs_for(m, k, size, aligned, limits):   # the autotuner's
+                        if not aligned and not full and (config, prefetch) in mod.configs_for(m, k, size, True, limits):
+                            continue           # an aligned config on unaligned rows: no cp.async ring, less shared memory
+                        yield _matmul_launch(mod, arch.name, f"autotune {what}", dt, prec, layout, m, k, aligned,
+                                             config, prefetch)
+        for name in ("TINY_CONFIG", "SWEEP_CONFIG"):                  # the fixed configs, fitted as matmul() does
+            for dt, prec in ((BF16, "ieee"), (FP32, "tf32"), (FP32, "ieee")):
+                if name == "SWEEP_CONFIG" and dt == FP32:
+                    continue                   # the bench's tile-quantization sweep is bf16
+                size = _dt(dt).itemsize
+                config = mod.fit_config(getattr(mod, name), size, limits)
+                yield _matmul_launch(mod, arch.name, name, dt, prec, "n-major", 4096 if name == "SWEEP_CONFIG" else 16,
+                                     768, True, config, False)
+
+
+# ----------------------------------------------------------------------------- CUDA builds (common.cuda_ext)
+def cuda_ops() -> dict:
+    """The CUDA extensions this stage builds (the CUDA matmul versions): a cold test run on a GPU prebuilds them
+    in the background (tests/autograder.py)."""
+    from common.cuda_ext import CourseOp
+    return {
+        "a06": CourseOp("a06_matmul.matmul_cuda", lambda m: m._op(), "test_a06_matmul.py"),
+    }

@@ -1,6 +1,8 @@
 """Stage 7, flash attention forward and backward (7a tiled PyTorch, 7b Triton): trials, memory, speed cases."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +13,8 @@ from common.shapes import ATTENTION_HEADS, attention_batch
 from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, Forbidden, attention_tile_bound, largest_new_tensor,
                                  tile_message)
 from common.testing import calibrated_tol, rel_error, torch_attention
+from common.gpu import Arch
+from common.portability import BF16, FP32, TENSOR_CORE_ARCHS, Launch, _dt, _dtypes
 from common.stages.base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
 
 
@@ -187,3 +191,102 @@ def _a07_perf(load):
 
 
 STAGE = Stage("a07_flash_attention", "Flash attention fwd+bwd", _a07_trials, _a07_perf, perf_target=0.7)
+#: ``python -m common.bench KEY`` runs this module of solutions/ (7c: the Hopper CUDA forward)
+BENCHES = {"a07": "a07_flash_attention.bench", "a07c": "a07_flash_attention.bench_hopper"}
+
+
+# ----------------------------------------------------------------------------- host cost
+def _hc_attn_inputs(dev, dt, grad, b=1, h=2, s=64, d=64):
+    return [torch.randn(b, h, s, d, device=dev, dtype=dt).requires_grad_(grad) for _ in range(3)]
+
+
+def _hc_flash_fwd(load, dev, dt):
+    m = load("a07_flash_attention.flash_triton")
+    q, k, v = _hc_attn_inputs(dev, dt, False)
+    return (lambda: m.flash_attention(q, k, v, True)), (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def _hc_step(attn, q, k, v, do):
+    """One autograd step through ``attn``: forward, backward with ``do``; the grads start empty."""
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        attn(q, k, v).backward(do)
+    return step
+
+
+def _hc_flash_fwd_bwd(load, dev, dt):
+    m = load("a07_flash_attention.flash_triton")
+    q, k, v = _hc_attn_inputs(dev, dt, True)
+    do = torch.randn_like(q)
+    return (_hc_step(lambda q, k, v: m.flash_attention(q, k, v, True), q, k, v, do),
+            _hc_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, do))
+
+
+def hostcost_cases() -> list:
+    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    shape, beside the PyTorch op each replaces."""
+    from common.hostcost import Case
+    return [
+        Case("a07_fwd", "a07", "flash forward vs SDPA; B 1, H 2, S 64, d 64, causal", 1, _hc_flash_fwd),
+        Case("a07_fwd_bwd", "a07", "flash forward + backward (autograd) vs SDPA's; same shape", 4, _hc_flash_fwd_bwd),
+    ]
+
+
+# ----------------------------------------------------------------------------- portability (common.portability)
+def _flash_args(d: int, dt: str, kind: str) -> tuple:
+    t, f = _dt(dt), _dt(FP32)
+    strides = (12 * 4096 * d, 4096 * d, d, 1)
+    tensors = {"fwd": (t, t, t, t, f), "dkdv": (t, t, t, t, f, f, t, t), "dq": (t, t, t, t, f, f, t)}[kind]
+    grads = () if kind == "fwd" else strides[:3]     # the backward kernels' dQ / dK, dV layout (contiguous here)
+    return (*tensors, *strides * 4, *grads, 12, 4096, 4096, 0.125)
+
+
+def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    mod = load("a07_flash_attention.flash_triton")
+    fns = {"fwd": mod._attn_fwd, "dkdv": mod._attn_bwd_dkdv, "dq": mod._attn_bwd_dq}
+    # (kind, dtype, d, N_Q, precision, causal): every table entry and HALF_D128 choice the launcher makes
+    # (flash_triton._pick), fp32 forward also with IEEE dots (attention_forward(allow_tf32=False): stage
+    # 8's fp32 prefill at d = 64); causal: both key loops, the masked one with its compare.
+    for arch in archs:
+        if not full and arch.name not in TENSOR_CORE_ARCHS + ("sm_90",):
+            continue
+        for kind in ("fwd", "dkdv", "dq"):
+            for dt in _dtypes(full, arch.name):
+                for d in ((16, 32, 64, 128) if full else (64, 128)):
+                    for n in ((512, 4096) if d == 128 and dt != FP32 else (4096,)):
+                        precs = ((None, "ieee") if full or d == 64 else (None,)) if kind == "fwd" and dt == FP32 \
+                            else (None,)
+                        for prec in precs:
+                            if not full and arch.name == "sm_90" and (dt == FP32 and prec == "ieee"):
+                                continue
+                            for causal in ((True, False) if full else (True,)):
+                                # the launcher's own choice: the config, and whether it may fall back
+                                _, cfg, fallback = mod._kernel(fns[kind], kind, d, n, _dt(dt))
+                                kw = dict(HEAD_DIM=d, CAUSAL=causal,
+                                          **({"BLOCK_D": d} if kind == "fwd" else {}),
+                                          **({"allowed_dot_input_precisions": (prec,)} if prec else {}))
+                                chain = tuple(dict(kw, **c) for c in (mod.smaller_configs(cfg) if fallback else [cfg]))
+                                yield Launch("a07", fns[kind].__name__,
+                                             f"{dt}{' ieee' if prec else ''} d={d} N_Q={n}{'' if causal else ' not causal'}: "
+                                             f"{_cfg_str(cfg)}", fns[kind], _flash_args(d, dt, kind), chain[0],
+                                             (arch.name,), chain[1:])
+    t, f = _dt(BF16), _dt(FP32)
+    yield Launch("a07", "_attn_bwd_delta", "bfloat16 d=128 BLOCK_M=64", mod._attn_bwd_delta,
+                 (t, t, f, *(12 * 4096 * 128, 4096 * 128, 128, 1) * 2, 12, 4096), dict(HEAD_DIM=128, BLOCK_M=64))
+
+
+def _cfg_str(cfg: dict) -> str:
+    return f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+
+
+# ----------------------------------------------------------------------------- CUDA builds (common.cuda_ext)
+def cuda_ops() -> dict:
+    """The CUDA extensions this stage builds (7c's Hopper attention forward (sm_90 only)): a cold test run on a GPU prebuilds them
+    in the background (tests/autograder.py)."""
+    from common.cuda_ext import CourseOp
+    return {
+        "a07c": CourseOp("a07_flash_attention.flash_hopper", lambda m: m._op(), "test_a07c_flash_hopper.py",
+                         hopper_only=True),
+    }

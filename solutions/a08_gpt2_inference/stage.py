@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
 from common.roofline import gpt2_decode_bytes, gpt2_decode_flops
 from common.kernel_check import DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, host_syncs
 from common.testing import REL_TOL, random_gpt2
+from common.gpu import ARCHS, Arch
+from common.portability import BF16, FP16, FP32, Launch, _dt, _next_pow2
 from common.stages.base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _pick_dtype,
                                 _randn, _refilled, _twice, _with_repeat)
 
@@ -493,3 +497,163 @@ def _a08_perf(load):
 
 STAGE = Stage("a08_gpt2_inference", "GPT-2 inference: prefill + KV-cache decode", _a08_trials, _a08_perf,
               perf_target=1.0, perf_tol=A08_PERF_TOL)
+#: ``python -m common.bench KEY`` runs this module of solutions/
+BENCHES = {"a08": "a08_gpt2_inference.bench"}
+
+
+# ----------------------------------------------------------------------------- host cost
+def _hc_add_layernorm(load, dev, dt):
+    m = load("a08_gpt2_inference.layernorm")
+    x, r = torch.randn(4, 768, device=dev, dtype=dt), torch.randn(4, 768, device=dev, dtype=dt)
+    w, b = torch.randn(768, device=dev, dtype=dt), torch.randn(768, device=dev, dtype=dt)
+
+    def torch_op():
+        h = x + r
+        return h, F.layer_norm(h, (768,), w, b)
+    return (lambda: m.add_layernorm(x, r, w, b)), torch_op
+
+
+def _hc_decode_attention(load, dev, dt):
+    m = load("a08_gpt2_inference.decode_attention")
+    b, h, s_max, d, length = 1, 12, 128, 64, 100
+    q = torch.randn(b, h, d, device=dev, dtype=dt)
+    kc, vc = torch.randn(b, h, s_max, d, device=dev, dtype=dt), torch.randn(b, h, s_max, d, device=dev, dtype=dt)
+    lengths = torch.full((b,), length, dtype=torch.int32, device=dev)
+    return (lambda: m.decode_attention(q, kc, vc, lengths)), (
+        lambda: F.scaled_dot_product_attention(q[:, :, None], kc[:, :, :length], vc[:, :, :length]))
+
+
+def _hc_write_kv(load, dev, dt):
+    m = load("a08_gpt2_inference.kv_cache")
+    b, h, s_max, d, pos = 1, 12, 128, 64, 100
+    qkv = torch.randn(b, 1, 3 * h * d, device=dev, dtype=dt)
+    kc, vc = torch.zeros(b, h, s_max, d, device=dev, dtype=dt), torch.zeros(b, h, s_max, d, device=dev, dtype=dt)
+    start = torch.full((b,), pos, dtype=torch.int32, device=dev)
+
+    def torch_op():   # the slice assignments write_kv replaces
+        _, k, v = qkv.view(b, 1, 3, h, d).unbind(2)
+        kc[:, :, pos:pos + 1] = k.transpose(1, 2)
+        vc[:, :, pos:pos + 1] = v.transpose(1, 2)
+    return (lambda: m.write_kv(qkv, kc, vc, start)), torch_op
+
+
+def _hc_gemv(load, dev, dt):
+    m = load("a08_gpt2_inference.gemv")
+    x, w, b = torch.randn(1, 768, device=dev, dtype=dt), torch.randn(768, 768, device=dev, dtype=dt), torch.randn(768, device=dev, dtype=dt)
+    return (lambda: m.gemv(x, w, b)), (lambda: torch.addmm(b, x, w))
+
+
+def hostcost_cases() -> list:
+    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    shape, beside the PyTorch op each replaces."""
+    from common.hostcost import Case
+    return [
+        Case("a08_add_layernorm", "a08", "add_layernorm vs x + r, F.layer_norm; [4, 768]", 1, _hc_add_layernorm),
+        Case("a08_decode_attention", "a08", "decode_attention vs SDPA on the cache; B 1, H 12, 100 of 128 keys",
+             2, _hc_decode_attention),
+        Case("a08_write_kv", "a08", "write_kv vs two slice assignments; B 1, T 1, H 12", 1, _hc_write_kv),
+        Case("a08_gemv", "a08", "gemv + bias vs addmm; [1, 768] x [768, 768]", 1, _hc_gemv),
+    ]
+
+
+# ----------------------------------------------------------------------------- portability (common.portability)
+def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    ln = load("a08_gpt2_inference.layernorm")
+    dec = load("a08_gpt2_inference.decode_attention")
+    kv = load("a08_gpt2_inference.kv_cache")
+    gv = load("a08_gpt2_inference.gemv")
+    smp = load("a08_gpt2_inference.sampling")
+    nc = -(-50257 // smp.CHUNK)                # sampling.py's kernels over GPT-2's vocabulary
+    f32, i32, i64 = _dt(FP32), _dt("int32"), _dt("int64")
+    for dt in (FP32, BF16):
+        t = _dt(dt)
+        for greedy in (True, False):
+            mode = "greedy" if greedy else "sample"
+            yield Launch("a08", "_choose_kernel", f"{dt} {mode} CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KC={smp.KC} warps={smp.CHUNK_WARPS}",
+                         smp._choose_kernel,
+                         (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
+                         dict(GREEDY=greedy, CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, KC=smp.KC, NB=smp.NB, RANGE=smp.RANGE,
+                              NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=not greedy,
+                              BLOCK_V=smp.BLOCK_V, USE_PDL=False, num_warps=smp.CHUNK_WARPS))
+        yield Launch("a08", "_choose_kernel", f"{dt} sample wide CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KC={smp.KC_WIDE} warps={smp.CHUNK_WARPS}",
+                     smp._choose_kernel,
+                     (t, f32, i64, i32, f32, i32, i64, f32, i32, i64, 50257, 50257, nc),
+                     dict(GREEDY=False, CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, KC=smp.KC_WIDE, NB=smp.NB, RANGE=smp.RANGE,
+                          NCP=_next_pow2(nc), MAX_ROUNDS=smp.MAX_ROUNDS, NUCLEUS=True,
+                          BLOCK_V=smp.BLOCK_V, USE_PDL=False, num_warps=smp.CHUNK_WARPS))
+        yield Launch("a08", "_reject_kernel", f"{dt} CHUNK={smp.CHUNK} SPREAD={smp.SPREAD} KA={smp.KA} BLOCK_V={smp.BLOCK_V} warps={smp.CHUNK_WARPS}",
+                     smp._reject_kernel,
+                     (t, f32, i64, i32, f32, i32, i64, i32, i64, 50257, 50257, nc),
+                     dict(CHUNK=smp.CHUNK, SPREAD=smp.SPREAD, NCP=_next_pow2(nc), KA=smp.KA, BLOCK_V=smp.BLOCK_V, MAX_ROUNDS=smp.MAX_ROUNDS,
+                          USE_PDL=False, num_warps=smp.CHUNK_WARPS))
+    for dt in (FP32, BF16, FP16):
+        only = None if full or dt != FP16 else ("sm_75",)     # fp16: bf16's sizes on tensor-core GPUs
+        t, f = _dt(dt), _dt(FP32)
+        yield from _a08_gemv(gv, dt, t, f, only)
+        for c in (64, 768, 1600, 8192):        # BLOCK_C 64 .. 8192, warps 1 .. 8 (layernorm._launch)
+            block = _next_pow2(c)
+            warps = ln.warps_for(block)
+            yield Launch("a08", "_add_layernorm_kernel", f"{dt} BLOCK_C={block} warps={warps}", ln._add_layernorm_kernel,
+                         (t, t, t, t, t, t, c, c, c, c, c, 1e-5),
+                         dict(HAS_RESIDUAL=True, BLOCK_C=block, USE_PDL=False, num_warps=warps),
+                         only)
+        for d in (64, 128):
+            warps = dec.split_warps(d)
+            for splits in (1, 64):
+                yield Launch("a08", "_decode_split", f"{dt} d={d} NUM_SPLITS={splits} BLOCK_N={dec.BLOCK_N} warps={warps}",
+                             dec._decode_split, (t, t, t, _dt("int32"), t, f, f, 12 * d, d, 12 * 1024 * d, 1024 * d, d,
+                                                 12 * 1024 * d, 1024 * d, d, 12 * d, d, 12, 0.18),
+                             dict(NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_N=dec.BLOCK_N, BLOCK_D=d, USE_PDL=False,
+                                  PREFETCH=0, LINE=64, num_warps=warps), only)
+            yield Launch("a08", "_decode_combine", f"{dt} d={d} NUM_SPLITS=64", dec._decode_combine,
+                         (f, f, t, 12 * d, d, 12),
+                         dict(NUM_SPLITS=64, SPLITS_P2=64, HEAD_DIM=d, BLOCK_D=d, USE_PDL=False, num_warps=1), only)
+            yield Launch("a08", "_write_kv_kernel", f"{dt} d={d} BLOCK_H=32", kv._write_kv_kernel,
+                         (t, t, t, _dt("int32"), 1, 25, 1024, 3 * 25 * d, 25 * 1024 * d, 1024 * d, d),
+                         dict(HEAD_DIM=d, BLOCK_H=32, BLOCK_D=d, USE_PDL=False, num_warps=4), only)
+
+
+def _a08_gemv(gv, dt: str, t, f, only) -> Iterator[Launch]:
+    """The decode GEMV as the engine launches it (gemv.choose_config on 132 SMs, GPT-2 XL's shapes): K-major W
+    at 1 row (FMAs) and 16 rows (tl.dot), and N-major W split over K (the partial sums' combine); one
+    more with programmatic dependent launch, on sm_90 only (griddepcontrol needs Hopper)."""
+    from common.launch import cdiv
+    tdt = _dt(dt)
+    for m, k, n, kmajor, smem, archs in _gemv_cases(gv, only):
+        bn, bk, splits, warps, stages = gv.choose_config(m, n, k, tdt, kmajor, 132, smem=smem, interpreter=False)
+        dot = gv.use_dot(m)
+        bm = gv.block_m(m, dot)
+        per = cdiv(cdiv(k, bk), splits) * bk             # rows of W per split, whole slices (as gemv())
+        sw = (1, k) if kmajor else (n, 1)              # W's (stride_wk, stride_wn)
+        for pdl in (False, True):
+            if pdl and ((m, kmajor) != (1, True) or only is not None):
+                continue
+            # the engine's epilogues: c_attn / c_fc with the LayerNorm folded in (K = n_embd; c_attn also
+            # writes the KV cache), the projections with the residual added (K = 4·n_embd or n_embd)
+            fold, res = k == 1600, k != 1600
+            yield Launch("a08", "_matvec_kernel",
+                         f"{dt} M={m} {k}->{n} {'K' if kmajor else 'N'}-major {(bn, bk, splits, warps, stages)}"
+                         f"{' LN fold' if fold else ' residual'}{' PDL' if pdl else ''}", gv._matvec_kernel,
+                         (t, t, f, t, f, _dt("int32"), t, f, m, n, k, per, k, 1, *sw, n, n, 1e-5,
+                          t, t, _dt("int32"), 25 * 1024 * 64, 1024 * 64, 64, 1024, 64),   # XL's cache [B, 25, 1024, 64]
+                         dict(KV_WRITE=n == 3 * k, HAS_BIAS=True, ACTIVATION="gelu_tanh", FAST_TANH=tdt.itemsize == 2,
+                              HAS_RESIDUAL=res, LN_FOLD=fold, PRELOAD=gv.preload(k, bm, warps),
+                              ONE_TILE=gv.stat_k(k, bm, warps) >= k, STAT_K=gv.stat_k(k, bm, warps), SPLIT_K=splits,
+                              COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False,
+                              BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=kmajor, FENCE=True, USE_PDL=pdl,
+                              num_warps=warps, num_stages=stages),
+                         ("sm_90",) if pdl else archs)
+
+
+def _gemv_cases(gv, only) -> Iterator[tuple]:
+    """(M, K, N, K-major, shared memory, the families) of each _a08_gemv launch: the K-major tl.dot path's
+    tile and stages follow the GPU's shared memory (gemv.choose_config's ``smem``), so it is one launch per
+    family; the others are one launch for all."""
+    for m, k, n, kmajor in ((1, 1600, 4800, True), (16, 6400, 1600, True), (1, 1600, 4800, False), (16, 1600, 6400, False)):
+        if kmajor and gv.use_dot(m):
+            for name, arch in ARCHS.items():
+                if only is None or name in only:
+                    yield m, k, n, kmajor, arch.smem_per_block, (name,)
+        else:
+            yield m, k, n, kmajor, None, only
