@@ -5,7 +5,7 @@
     python -m common.ncu a07 --export /tmp/a07      # also keep /tmp/a07.ncu-rep for the ncu GUI
     make ncu STAGE=a05 [IMPL=solutions]
 
-The case is the grader's performance case of the stage (``common/stages/``: the same
+The case is the grader's performance case of the stage (its ``solutions/aNN_name/stage.py``: the same
 shapes, dtypes and PyTorch baseline), so what ncu measures is what ``make grade`` times; a
 stage timed at several shapes (stages 4-7) is profiled at the first of them.
 The case runs in a child process under ``ncu``: it is built and called a few times first

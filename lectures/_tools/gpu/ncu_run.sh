@@ -3,7 +3,7 @@
 #   bash lectures/_tools/gpu/ncu_run.sh                      (from the repository root; writes lectures/results/)
 #   OUT=/some/dir STAGES="a05 a03" bash lectures/_tools/gpu/ncu_run.sh
 # For each stage: python3 -m common.ncu STAGE --impl solutions, i.e. ncu on one call of the grader's
-# performance case (common/stages/) and one of its PyTorch baseline, the stage's few metrics beside
+# performance case (solutions/aNN_name/stage.py) and one of its PyTorch baseline, the stage's few metrics beside
 # its roofline. Writes $OUT/ncu_STAGE.txt (command and machine on top, then the report) and
 # $OUT/ncu_STAGE.log (ncu's progress and errors). Clocks: NCU_CLOCKS=none (default) leaves them
 # unlocked, as the benchmarks run (ncu's own default, base, was not tried on the lent H100);
