@@ -72,7 +72,7 @@ ncu: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v
 
-# make results [STAGE=a06]: the GPU scripts of lectures/_tools/gpu/ behind the stage's tables and plots
+# make results [STAGE=a06]: the GPU scripts behind the stage's tables and plots (its stage.py's results_runs())
 results: $(STAMP)
 	$(BIN)/python -m lectures._tools.results $(if $(STAGE),--stage $(STAGE))
 

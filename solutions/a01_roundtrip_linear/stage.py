@@ -187,3 +187,11 @@ def _a01_trials(rng):
 STAGE = Stage("a01_roundtrip_linear", "Round-trip Linear: transfer counter", _a01_trials)
 #: ``python -m common.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
 BENCHES = {"a01": "a03_fused_linear.bench"}
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from solutions.a03_fused_linear.stage import results_runs as linear
+    return {"a01": linear()["a01"]}

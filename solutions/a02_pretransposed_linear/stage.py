@@ -95,3 +95,11 @@ def _a02_perf(load):
 STAGE = Stage("a02_pretransposed_linear", "Pre-transposed Linear", _a02_trials, _a02_perf)
 #: ``python -m common.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
 BENCHES = {"a02": "a03_fused_linear.bench"}
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from solutions.a03_fused_linear.stage import results_runs as linear
+    return {"a02": linear()["a02"]}

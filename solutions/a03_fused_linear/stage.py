@@ -184,3 +184,12 @@ def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch
         for dt in _dtypes(full) if full else (BF16,):
             yield Launch("a03", "add_bias_kernel", f"{dt} BLOCK_M={bm} BLOCK_N={bn}", mod.add_bias_kernel,
                          (_dt(dt),) * 3 + (4096, n, n, 1, n, 1), dict(BLOCK_M=bm, BLOCK_N=bn))
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from lectures._tools.results import Run, _same, ncu
+    linear = Run("solutions/a03_fused_linear/run.sh", files=_same("a01_a03_linear.md", "a01_a03_linear.csv"))
+    return {"a01": [linear], "a02": [linear], "a03": [linear, ncu("a03")]}

@@ -115,3 +115,13 @@ def cuda_ops() -> dict:
         "a04": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(), "test_a04_cuda_gelu.py"),
         "a04_fast": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(fast_math=True), "test_a04_cuda_gelu.py"),
     }
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from lectures._tools.results import Run, _same
+    gelu = Run("solutions/a04_cuda_gelu/run.sh", env={"SKIP_TESTS": "1"},
+               files=_same("a04_a05_gelu.md", "a04_a05_gelu.csv", "a04_a05_gelu.png"))
+    return {"a04": [gelu]}

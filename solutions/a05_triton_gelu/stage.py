@@ -45,3 +45,12 @@ def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch
         for dt in _dtypes(full) if full else (BF16,):
             yield Launch("a05", "gelu_kernel", f"{dt} BLOCK={c.kwargs['BLOCK']} warps={c.num_warps}", mod.gelu_kernel.fn,
                          (_dt(dt), _dt(dt), 1 << 26), dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages))
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from lectures._tools.results import ncu
+    from solutions.a04_cuda_gelu.stage import results_runs as gelu
+    return {"a05": [*gelu()["a04"], ncu("a05")]}

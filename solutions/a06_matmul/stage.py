@@ -247,3 +247,13 @@ def cuda_ops() -> dict:
     return {
         "a06": CourseOp("a06_matmul.matmul_cuda", lambda m: m._op(), "test_a06_matmul.py"),
     }
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from lectures._tools.results import GAPS, SWEEP, Run, _same, ncu
+    return {"a06": [Run("solutions/a06_matmul/run.sh", files=_same("a06_matmul.md", "a06_matmul.csv",
+                                                                   "a06_matmul_tflops.png", "a06_matmul_quantization.png")),
+                    SWEEP, Run("solutions/a06_matmul/run_v7.sh", files=_same("a06_v7_tiles.md")), ncu("a06"), GAPS]}

@@ -290,3 +290,20 @@ def cuda_ops() -> dict:
         "a07c": CourseOp("a07_flash_attention.flash_hopper", lambda m: m._op(), "test_a07c_flash_hopper.py",
                          hopper_only=True),
     }
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from lectures._tools.results import GAPS, SWEEP, Run, _same, ncu
+    run = "solutions/a07_flash_attention/run.sh"
+    return {"a07": [Run(run, ("final",), files=_same(
+                        "a07_flash_attention.md", "a07_flash_attention.csv", "a07_flash_attention_memory.csv",
+                        "a07_memory.png", "a07_tflops_fwd.png", "a07_flash_attention_tuned.md")),
+                    Run(run, ("sweep",), files={"sweep.log": "a07_sweep.log"}),
+                    SWEEP, ncu("a07"), GAPS],
+            "a07c": [Run("solutions/a07_flash_attention/run_hopper.sh",
+                         files={"a07c_flash_hopper.md": "a07c/a07c_flash_hopper.md",
+                                "a07c_flash_hopper.csv": "a07c/a07c_flash_hopper.csv",
+                                "bench.log": "a07c/bench.log", "ncu_s4096_d128.txt": "a07c/ncu_s4096_d128.txt"})]}

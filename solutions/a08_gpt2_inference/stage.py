@@ -657,3 +657,19 @@ def _gemv_cases(gv, only) -> Iterator[tuple]:
                     yield m, k, n, kmajor, arch.smem_per_block, (name,)
         else:
             yield m, k, n, kmajor, None, only
+
+
+# ----------------------------------------------------------------------------- results (make results)
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=...``): each a
+    script and the files it makes (lectures/_tools/results.py)."""
+    from lectures._tools.results import Run, _same
+    run = "solutions/a08_gpt2_inference/run.sh"
+    return {"a08": [Run(run, ("bench",), files={
+                        "a08_gpt2_inference.md": "a08_gpt2_inference.md", "a08_gpt2_inference.csv": "a08_gpt2_inference.csv",
+                        "a08_decode_speedup.png": "a08_decode_speedup.png", "bench.log": "a08_h100_bench.log",
+                        "a08_profile_small.txt": "a08_profile_small.txt"}),
+                    Run(run, ("gemv",), files=_same("a08_gemv.md", "a08_gemv.csv", "a08_gemv_sweep.csv")),
+                    Run(run, ("step",), files=_same("a08_decode_step.md", "a08_decode_step.csv")),
+                    Run(run, ("tests",), files={"pytest_a08.log": "a08_h100_tests.log"}),
+                    Run(run, ("profile",), files=_same("a08_decode_profile.md", "a08_decode_timeline.png"))]}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assignment 6 on the H100: the exact commands behind lectures/results/a06_matmul.*
-#   OUT=/some/dir bash lectures/_tools/gpu/a06_run.sh      (from the repository root)
+#   OUT=/some/dir bash solutions/a06_matmul/run.sh      (from the repository root)
 # 1. the stage's tests on solutions/, 2. the benchmark, 3. the stage's tests on the stubs.
 # The real-shape sweep (bench.py --shapes real) has its own call: lectures/_tools/gpu/sweep_run.sh.
 set -u

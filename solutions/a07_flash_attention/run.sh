@@ -1,9 +1,9 @@
 #!/bin/bash
 # Stage 7 on a GPU (H100): everything one device call needs, logs under $OUT.
-#   bash lectures/_tools/gpu/a07_run.sh sweep    # tests, then per-config kernel times at S=4096
-#   bash lectures/_tools/gpu/a07_run.sh full     # full benchmark, then tests
-#   bash lectures/_tools/gpu/a07_run.sh final    # tests, full benchmark, autotuned benchmark at S=4096
-#   bash lectures/_tools/gpu/a07_run.sh bench    # full benchmark only
+#   bash solutions/a07_flash_attention/run.sh sweep    # tests, then per-config kernel times at S=4096
+#   bash solutions/a07_flash_attention/run.sh full     # full benchmark, then tests
+#   bash solutions/a07_flash_attention/run.sh final    # tests, full benchmark, autotuned benchmark at S=4096
+#   bash solutions/a07_flash_attention/run.sh bench    # full benchmark only
 # The real-shape sweep (bench.py --shapes real): lectures/_tools/gpu/sweep_run.sh.
 set -u
 OUT=${OUT:-/tmp/a07_out}; mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage 6, CUDA v7 (persistent blocks, tile shape per problem) on the H100:
-#   OUT=/some/dir bash lectures/_tools/gpu/a06_v7_run.sh      (from the repository root)
+#   OUT=/some/dir bash solutions/a06_matmul/run_v7.sh      (from the repository root)
 # 1. the CUDA tests on solutions/ (v7's every tile shape with many tiles per block included),
 # 2. compute-sanitizer memcheck over each tile shape, 3. each tile shape and the kernel's own pick
 # at every v7 shape of the real-shape sweep against cuBLAS (a06_v7_tiles.py, beside this script),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stages 4-5 on the GPU machine, in one call: build, test (solutions and stubs), bench.
-#   OUT=/some/dir bash lectures/_tools/gpu/a04_a05_run.sh        (from the repository root)
+#   OUT=/some/dir bash solutions/a04_cuda_gelu/run.sh        (from the repository root)
 # Logs and results go under $OUT; the summary is printed last.
 set -u
 OUT=${OUT:-/tmp/a04_a05_out}; mkdir -p "$OUT"

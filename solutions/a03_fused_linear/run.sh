@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stages 1-3 on the GPU machine: the Linear benchmark behind lectures/results/a01_a03_linear.{md,csv}.
-#   OUT=/some/dir bash lectures/_tools/gpu/linear_run.sh        (from the repository root; about a minute)
+#   OUT=/some/dir bash solutions/a03_fused_linear/run.sh        (from the repository root; about a minute)
 set -u
 OUT=${OUT:-/tmp/linear_out}; mkdir -p "$OUT"
 PY=${PY:-python3}

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Stage 7c on an H100, in ONE command (under 600 s; logs and results in $OUT):
-#   bash lectures/_tools/gpu/a07c_run.sh
+#   bash solutions/a07_flash_attention/run_hopper.sh
 # 1. build.log    GPU, versions, ptxas register/spill report (nvcc -Xptxas -v, sm_90a), the op's
 #                 build through common.cuda_ext.load_op (timed), and a smoke run of each
 #                 (d, causal, S) against float64 and SDPA, one case at a time, each named before
@@ -18,7 +18,7 @@
 # 6. mutants.log  tests/mutants/flash.py's 7c mutants, each caught by the graded tests
 # 7. ncu_s4096_d128.txt  Nsight Compute, this kernel and SDPA's at S = 4096, d = 128, non-causal
 set -u
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/a07c_out}; mkdir -p "$OUT"; export OUT
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext}
 PY=${PY:-python3}

@@ -1,15 +1,15 @@
 #!/bin/bash
 # Stage 8 on a GPU (H100): one device call per mode, logs and tables under $OUT.
-#   bash lectures/_tools/gpu/a08_run.sh tests     # stage-8 tests, then the a06/a07 Triton tests (their launch code changed)
-#   bash lectures/_tools/gpu/a08_run.sh bench     # the benchmark: GPT-2 small and medium, prompts 128/960, batch 1/8/64
-#   MODELS=small BATCHES="1" bash lectures/_tools/gpu/a08_run.sh bench    # a subset
-#   bash lectures/_tools/gpu/a08_run.sh stubs     # stage-8 graded tests on the untouched stubs (none may pass)
+#   bash solutions/a08_gpt2_inference/run.sh tests     # stage-8 tests, then the a06/a07 Triton tests (their launch code changed)
+#   bash solutions/a08_gpt2_inference/run.sh bench     # the benchmark: GPT-2 small and medium, prompts 128/960, batch 1/8/64
+#   MODELS=small BATCHES="1" bash solutions/a08_gpt2_inference/run.sh bench    # a subset
+#   bash solutions/a08_gpt2_inference/run.sh stubs     # stage-8 graded tests on the untouched stubs (none may pass)
 # Decode at the memory wall, each mode one device call of at most 10 minutes, the table last:
-#   bash lectures/_tools/gpu/a08_run.sh gemv      # per-kernel decode-GEMM GB/s: gemv, a06, cuBLAS (+ XL config sweep)
-#   bash lectures/_tools/gpu/a08_run.sh step      # decode-step ms and % of bandwidth: the floors' cases, 3 paths
-#   bash lectures/_tools/gpu/a08_run.sh profile   # decode-step profile of GPT-2 small and XL: kernels, gaps, PDL
+#   bash solutions/a08_gpt2_inference/run.sh gemv      # per-kernel decode-GEMM GB/s: gemv, a06, cuBLAS (+ XL config sweep)
+#   bash solutions/a08_gpt2_inference/run.sh step      # decode-step ms and % of bandwidth: the floors' cases, 3 paths
+#   bash solutions/a08_gpt2_inference/run.sh profile   # decode-step profile of GPT-2 small and XL: kernels, gaps, PDL
 # The engine as users expect one: bad ids, head sizes 80/96, EOS, streaming, sampling (~5 min):
-#   bash lectures/_tools/gpu/a08_run.sh engine     # its tests (a08 + the a07 forward's head dims), then bench --sampling
+#   bash solutions/a08_gpt2_inference/run.sh engine     # its tests (a08 + the a07 forward's head dims), then bench --sampling
 set -u
 OUT=${OUT:-/tmp/a08_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/ext
