@@ -122,8 +122,8 @@ class CourseOp(NamedTuple):
 
 def course_ops() -> dict[str, CourseOp]:
     """The CUDA extensions the course builds, by name: each stage's ``cuda_ops()`` (its spec module,
-    solutions/aNN_name/stage.py, found by common.stages), e.g. stage 4's op and its --use_fast_math twin."""
-    from common.stages import STAGE_MODULES
+    solutions/aNN_name/stage.py, found by common.course.stages), e.g. stage 4's op and its --use_fast_math twin."""
+    from common.course.stages import STAGE_MODULES
     return {name: op for m in STAGE_MODULES if hasattr(m, "cuda_ops") for name, op in m.cuda_ops().items()}
 
 

@@ -4,7 +4,7 @@ A stage asks for a kernel (a Triton program, a CUDA op, a tiled loop): a submiss
 calls the PyTorch op it replaces gets the right numbers because PyTorch computed them, so
 no value test can tell. What each graded callable may not call is written here once, as a
 :class:`Forbidden`, and checked the same way by pytest (:func:`assert_is_kernel`) and by
-the grader's trials (traced in common/grade/worker.py, judged in common/grade/judge.py through
+the grader's trials (traced in common/course/grade/worker.py, judged in common/course/grade/judge.py through
 :func:`forbidden_ops` and :func:`forbidden_kernels`):
 
 * aten ops, from a dispatch trace of the call (``TorchDispatchMode``; CPU and GPU alike):

@@ -59,8 +59,8 @@ def ncu(stage: str) -> Run:
 
 def runs() -> dict[str, list[Run]]:
     """stage -> the runs behind its files in lectures/results/: each stage's ``results_runs()`` (its spec
-    module, solutions/aNN_name/stage.py, found by common.stages), keyed as it says."""
-    from common.stages import STAGE_MODULES
+    module, solutions/aNN_name/stage.py, found by common.course.stages), keyed as it says."""
+    from common.course.stages import STAGE_MODULES
     return {k: v for m in STAGE_MODULES if hasattr(m, "results_runs") for k, v in m.results_runs().items()}
 
 

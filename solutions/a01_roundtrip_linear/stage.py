@@ -7,7 +7,7 @@ import torch
 
 from common import HAS_CUDA
 from common.profiling import fake_cuda, trace_ops
-from common.stages.base import Run, Stage, Trial, _call
+from common.course.stages.base import Run, Stage, Trial, _call
 
 
 #: Host <-> device copies the student's counter must count as the harness does, on fake CUDA
@@ -185,7 +185,7 @@ def _a01_trials(rng):
 
 
 STAGE = Stage("a01_roundtrip_linear", "Round-trip Linear: transfer counter", _a01_trials)
-#: ``python -m common.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
+#: ``python -m common.course.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
 BENCHES = {"a01": "a03_fused_linear.bench"}
 
 

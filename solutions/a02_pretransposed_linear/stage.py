@@ -8,8 +8,8 @@ from common import reference as ref
 from common.kernel_check import held_tensors, input_copies
 from common.roofline import matmul_bytes, matmul_flops
 from common.testing import REL_TOL
-from common.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
-                                _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
+from common.course.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn,
+                                       _dtype_of_draw, _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
 
 
 @_call
@@ -93,7 +93,7 @@ def _a02_perf(load):
 
 
 STAGE = Stage("a02_pretransposed_linear", "Pre-transposed Linear", _a02_trials, _a02_perf)
-#: ``python -m common.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
+#: ``python -m common.course.bench KEY`` runs this module of solutions/ (stages 1-3 share the Linear track's bench)
 BENCHES = {"a02": "a03_fused_linear.bench"}
 
 

@@ -12,8 +12,8 @@ from common.roofline import matmul_bytes, matmul_flops
 from common.kernel_check import BIAS_KERNEL, FUSED_LINEAR, Forbidden, held_tensors, input_copies
 from common.testing import REL_TOL
 from common.gpu import Arch
-from common.portability import BF16, Launch, _dt, _dtypes, _next_pow2
-from common.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
+from common.course.portability import BF16, Launch, _dt, _dtypes, _next_pow2
+from common.course.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
                                 _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
 
 
@@ -141,7 +141,7 @@ def _a03_perf(load):
 
 
 STAGE = Stage("a03_fused_linear", "Bias kernel + fused Linear", _a03_trials, _a03_perf)
-#: ``python -m common.bench KEY`` runs this module of solutions/
+#: ``python -m common.course.bench KEY`` runs this module of solutions/
 BENCHES = {"a03": "a03_fused_linear.bench"}
 
 
@@ -162,9 +162,9 @@ def _hc_fused_linear(backend):
 
 
 def hostcost_cases() -> list:
-    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
-    from common.hostcost import Case
+    from common.course.hostcost import Case
     return [
         Case("a03_add_bias", "a03", "add_bias(y, b) vs y + b; y [8, 64]", 1, _hc_add_bias),
         Case("a03_linear_addmm", "a03", "FusedLinear (addmm) vs F.linear; [8, 64] x 64->64",
@@ -174,9 +174,9 @@ def hostcost_cases() -> list:
     ]
 
 
-# ----------------------------------------------------------------------------- portability (common.portability)
+# ----------------------------------------------------------------------------- portability (common.course.portability)
 def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.course.portability``."""
     mod = load("a03_fused_linear.add_bias")
     for n in (1, 768, 50257):                  # BLOCK_N 1 .. 256, BLOCK_M 64 .. 16 (add_bias._launch)
         bn = min(_next_pow2(n), 256)

@@ -13,7 +13,7 @@ from common.roofline import elementwise_bytes
 from common.shapes import GPT2_MODELS
 from common.kernel_check import GELU_KERNEL
 from common.testing import REL_TOL
-from common.stages.base import (DTYPE_CYCLE, NeedsGPU, Perf, Run, Stage, Trial, _call, _cuda_randn, _dtype_of_draw,
+from common.course.stages.base import (DTYPE_CYCLE, NeedsGPU, Perf, Run, Stage, Trial, _call, _cuda_randn, _dtype_of_draw,
                                 _gen, _randn, _refilled, _twice, _with_repeat)
 
 
@@ -86,7 +86,7 @@ def _a04_trials(rng):
 
 STAGE = Stage("a04_cuda_gelu", "Fused GELU (CUDA op)", _a04_trials, _gelu_perf("a04", "CUDA fused_gelu"),
               gpu_only=True)
-#: ``python -m common.bench KEY`` runs this module of solutions/
+#: ``python -m common.course.bench KEY`` runs this module of solutions/
 BENCHES = {"a04": "a04_cuda_gelu.bench"}
 
 
@@ -98,9 +98,9 @@ def _hc_cuda_gelu(load, dev, dt):
 
 
 def hostcost_cases() -> list:
-    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
-    from common.hostcost import Case
+    from common.course.hostcost import Case
     return [
         Case("a04_gelu", "a04", "fused_gelu (CUDA op) vs F.gelu(tanh); [8, 64]", 1, _hc_cuda_gelu, cuda_only=True),
     ]

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from common.gpu import Arch
-from common.portability import BF16, Launch, _dt, _dtypes
-from common.stages.base import Stage
+from common.course.portability import BF16, Launch, _dt, _dtypes
+from common.course.stages.base import Stage
 from solutions.a04_cuda_gelu.stage import _gelu_perf, _gelu_trials
 
 
@@ -17,7 +17,7 @@ def _a05_trials(rng):
 
 
 STAGE = Stage("a05_triton_gelu", "Fused GELU (Triton)", _a05_trials, _gelu_perf("a05", "Triton gelu"))
-#: ``python -m common.bench KEY`` runs this module of solutions/ (stages 4 and 5 share the GELU bench)
+#: ``python -m common.course.bench KEY`` runs this module of solutions/ (stages 4 and 5 share the GELU bench)
 BENCHES = {"a05": "a04_cuda_gelu.bench"}
 
 
@@ -29,17 +29,17 @@ def _hc_triton_gelu(load, dev, dt):
 
 
 def hostcost_cases() -> list:
-    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
-    from common.hostcost import Case
+    from common.course.hostcost import Case
     return [
         Case("a05_gelu", "a05", "gelu (Triton custom op) vs F.gelu(tanh); [8, 64]", 1, _hc_triton_gelu),
     ]
 
 
-# ----------------------------------------------------------------------------- portability (common.portability)
+# ----------------------------------------------------------------------------- portability (common.course.portability)
 def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.course.portability``."""
     mod = load("a05_triton_gelu.gelu_triton")
     for c in mod.gelu_kernel.configs:          # every autotune candidate
         for dt in _dtypes(full) if full else (BF16,):

@@ -2,7 +2,7 @@
 
     python -m solutions.a06_matmul.bench            # full run on a GPU (~4 minutes)
     python -m solutions.a06_matmul.bench --quick    # fewer sizes
-    python -m common.bench a06 --out /tmp/mine
+    python -m common.course.bench a06 --out /tmp/mine
     python -m solutions.a06_matmul.bench --impl path/to/submission
     python -m solutions.a06_matmul.bench --shapes real   # the GEMMs GPT-2 runs (~3-4 minutes)
 

@@ -13,8 +13,8 @@ from common.shapes import GPT2_MODELS, gpt2_gemms
 from common.kernel_check import MATMUL_KERNEL, input_copies
 from common.testing import REL_TOL, calibrated_tol, rel_error, torch_matmul
 from common.gpu import Arch
-from common.portability import BF16, FP16, FP32, TENSOR_CORE_ARCHS, Launch, _dt
-from common.stages.base import (Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _no_copies, _randn, _refilled,
+from common.course.portability import BF16, FP16, FP32, TENSOR_CORE_ARCHS, Launch, _dt
+from common.course.stages.base import (Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _no_copies, _randn, _refilled,
                                 _twice, _with_repeat)
 
 
@@ -153,7 +153,7 @@ def _a06_perf(load):
 
 STAGE = Stage("a06_matmul", "Tiled matmul (CUDA + Triton)", _a06_trials, _a06_perf, perf_target=0.8,
               not_here=_a06_not_here)
-#: ``python -m common.bench KEY`` runs this module of solutions/
+#: ``python -m common.course.bench KEY`` runs this module of solutions/
 BENCHES = {"a06": "a06_matmul.bench"}
 
 
@@ -171,16 +171,16 @@ def _hc_matmul_gelu(load, dev, dt):
 
 
 def hostcost_cases() -> list:
-    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
-    from common.hostcost import Case
+    from common.course.hostcost import Case
     return [
         Case("a06_matmul", "a06", "matmul vs a @ w; 64x64x64", 1, _hc_matmul),
         Case("a06_matmul_gelu", "a06", "matmul + bias + GELU vs addmm + F.gelu; 64x64x64", 1, _hc_matmul_gelu),
     ]
 
 
-# ----------------------------------------------------------------------------- portability (common.portability)
+# ----------------------------------------------------------------------------- portability (common.course.portability)
 #: The matmul calls whose config sets differ (matmul_triton.configs_for): (what, M, K, aligned).
 MATMUL_CALLS = (("M>64", 4096, 768, True), ("M>64 long K", 4096, 4096, True), ("M<=64", 16, 768, True),
                 ("M>64 unaligned", 4095, 4095, False), ("M<=64 unaligned", 16, 4095, False))
@@ -212,7 +212,7 @@ def _matmul_launch(mod, arch: str, what: str, dt: str, prec: str, layout: str, m
 
 
 def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.course.portability``."""
     mod = load("a06_matmul.matmul_triton")
     for arch in archs:
         limits = (arch.capability, arch.smem_per_block)

@@ -4,7 +4,7 @@
     python -m solutions.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
     python -m solutions.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
     python -m solutions.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (launch_options(tune=True))
-    python -m common.bench a07          # your work (same options)
+    python -m common.course.bench a07          # your work (same options)
     python -m solutions.a07_flash_attention.bench --impl path/to/submission
     python -m solutions.a07_flash_attention.bench --shapes real --out DIR   # real-shape sweep vs SDPA (~2 min)
 

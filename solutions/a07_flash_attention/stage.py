@@ -14,8 +14,8 @@ from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, Forbidden, a
                                  tile_message)
 from common.testing import calibrated_tol, rel_error, torch_attention
 from common.gpu import Arch
-from common.portability import BF16, FP32, TENSOR_CORE_ARCHS, Launch, _dt, _dtypes
-from common.stages.base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
+from common.course.portability import BF16, FP32, TENSOR_CORE_ARCHS, Launch, _dt, _dtypes
+from common.course.stages.base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
 
 
 #: Stage 7's attention entry points: (module, function name).
@@ -191,7 +191,7 @@ def _a07_perf(load):
 
 
 STAGE = Stage("a07_flash_attention", "Flash attention fwd+bwd", _a07_trials, _a07_perf, perf_target=0.7)
-#: ``python -m common.bench KEY`` runs this module of solutions/ (7c: the Hopper CUDA forward)
+#: ``python -m common.course.bench KEY`` runs this module of solutions/ (7c: the Hopper CUDA forward)
 BENCHES = {"a07": "a07_flash_attention.bench", "a07c": "a07_flash_attention.bench_hopper"}
 
 
@@ -224,16 +224,16 @@ def _hc_flash_fwd_bwd(load, dev, dt):
 
 
 def hostcost_cases() -> list:
-    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
-    from common.hostcost import Case
+    from common.course.hostcost import Case
     return [
         Case("a07_fwd", "a07", "flash forward vs SDPA; B 1, H 2, S 64, d 64, causal", 1, _hc_flash_fwd),
         Case("a07_fwd_bwd", "a07", "flash forward + backward (autograd) vs SDPA's; same shape", 4, _hc_flash_fwd_bwd),
     ]
 
 
-# ----------------------------------------------------------------------------- portability (common.portability)
+# ----------------------------------------------------------------------------- portability (common.course.portability)
 def _flash_args(d: int, dt: str, kind: str) -> tuple:
     t, f = _dt(dt), _dt(FP32)
     strides = (12 * 4096 * d, 4096 * d, d, 1)
@@ -243,7 +243,7 @@ def _flash_args(d: int, dt: str, kind: str) -> tuple:
 
 
 def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.course.portability``."""
     mod = load("a07_flash_attention.flash_triton")
     fns = {"fwd": mod._attn_fwd, "dkdv": mod._attn_bwd_dkdv, "dq": mod._attn_bwd_dq}
     # (kind, dtype, d, N_Q, precision, causal): every table entry and HALF_D128 choice the launcher makes

@@ -13,8 +13,8 @@ from common.roofline import gpt2_decode_bytes, gpt2_decode_flops
 from common.kernel_check import DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, host_syncs
 from common.testing import REL_TOL, random_gpt2
 from common.gpu import ARCHS, Arch
-from common.portability import BF16, FP16, FP32, Launch, _dt, _next_pow2
-from common.stages.base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _pick_dtype,
+from common.course.portability import BF16, FP16, FP32, Launch, _dt, _next_pow2
+from common.course.stages.base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _pick_dtype,
                                 _randn, _refilled, _twice, _with_repeat)
 
 
@@ -238,7 +238,7 @@ def borrow_hint(stages: str) -> str:
     ``BORROW=`` where make started it (the Makefile sets COURSE_VIA_MAKE=1), else the ``--borrow`` option."""
     if os.environ.get("COURSE_VIA_MAKE") == "1":
         return f"`make check STAGE=a08 BORROW={stages}` (and `make grade STAGE=a08 BORROW={stages}`)"
-    return f"`--borrow {stages}` (pytest, and python -m common.grade)"
+    return f"`--borrow {stages}` (pytest, and python -m common.course.grade)"
 
 
 def _new_engine(r: Run, seed: int, n_head: int, b: int, s: int):
@@ -497,7 +497,7 @@ def _a08_perf(load):
 
 STAGE = Stage("a08_gpt2_inference", "GPT-2 inference: prefill + KV-cache decode", _a08_trials, _a08_perf,
               perf_target=1.0, perf_tol=A08_PERF_TOL)
-#: ``python -m common.bench KEY`` runs this module of solutions/
+#: ``python -m common.course.bench KEY`` runs this module of solutions/
 BENCHES = {"a08": "a08_gpt2_inference.bench"}
 
 
@@ -544,9 +544,9 @@ def _hc_gemv(load, dev, dt):
 
 
 def hostcost_cases() -> list:
-    """This stage's eager host-cost cases (``python -m common.hostcost``): its entry points at a launch-bound
+    """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
-    from common.hostcost import Case
+    from common.course.hostcost import Case
     return [
         Case("a08_add_layernorm", "a08", "add_layernorm vs x + r, F.layer_norm; [4, 768]", 1, _hc_add_layernorm),
         Case("a08_decode_attention", "a08", "decode_attention vs SDPA on the cache; B 1, H 12, 100 of 128 keys",
@@ -556,9 +556,9 @@ def hostcost_cases() -> list:
     ]
 
 
-# ----------------------------------------------------------------------------- portability (common.portability)
+# ----------------------------------------------------------------------------- portability (common.course.portability)
 def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
-    """The stage's Triton launches as its launcher makes them, for ``python -m common.portability``."""
+    """The stage's Triton launches as its launcher makes them, for ``python -m common.course.portability``."""
     ln = load("a08_gpt2_inference.layernorm")
     dec = load("a08_gpt2_inference.decode_attention")
     kv = load("a08_gpt2_inference.kv_cache")

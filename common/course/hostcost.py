@@ -1,9 +1,9 @@
 """Host cost: what one eager call of each course op costs, against the PyTorch op it replaces.
 
-    python -m common.hostcost --impl solutions          # GPU: lectures/results/hostcost.md / .csv
-    python -m common.hostcost --stub                    # no GPU: the wrappers' Python alone, launches stubbed
-    python -m common.hostcost --profile a05_gelu        # where one call's microseconds go (cProfile)
-    python -m common.hostcost --compare before.csv after.csv   # the same cases measured twice
+    python -m common.course.hostcost --impl solutions          # GPU: lectures/results/hostcost.md / .csv
+    python -m common.course.hostcost --stub                    # no GPU: the wrappers' Python alone, launches stubbed
+    python -m common.course.hostcost --profile a05_gelu        # where one call's microseconds go (cProfile)
+    python -m common.course.hostcost --compare before.csv after.csv   # the same cases measured twice
 
 The grader and the benches time CUDA-graph replays: the GPU alone. A user calls the ops
 eagerly (a notebook, a training step with autograd), and at small shapes such a call costs
@@ -44,8 +44,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import DEVICE, HAS_CUDA, TRITON_INTERPRET, native
-from .impl import Impl, add_impl_argument, command_line, results_dir
+from common import DEVICE, HAS_CUDA, TRITON_INTERPRET
+from common.course import native
+from common.impl import Impl, add_impl_argument, command_line, results_dir
 
 #: The course's floors: a course op may cost 1.5x the PyTorch op it replaces, or 1.5x a bare Triton
 #: launch per kernel it launches, whichever is larger; a training step at least 0.8x SDPA's speed.
@@ -183,8 +184,8 @@ def _randn(*shape, device, dtype, grad=False):
 # Each stage's cases are in its spec module (``hostcost_cases()`` in solutions/aNN_name/stage.py).
 def cases() -> list[Case]:
     """Every stage's cases, in stage order: ``hostcost_cases()`` of each stage's spec module
-    (``solutions/aNN_name/stage.py``, found by common.stages)."""
-    from common.stages import STAGE_MODULES
+    (``solutions/aNN_name/stage.py``, found by common.course.stages)."""
+    from common.course.stages import STAGE_MODULES
     return [c for m in STAGE_MODULES if hasattr(m, "hostcost_cases") for c in m.hostcost_cases()]
 
 
@@ -281,7 +282,7 @@ def run_training(impl: Impl, log=print) -> list[dict]:
     """Eager autograd steps, flash (the impl's a07) vs SDPA, at TRAINING's shapes: ms per step, the
     speed ratio (SDPA time / flash time) and the floor (TRAINING_FLOOR at B·H 96-384)."""
     m = impl.load("a07_flash_attention.flash_triton")
-    ready = native.load(wait=True) is not None      # flash's native autograd (common.native), built once
+    ready = native.load(wait=True) is not None      # flash's native autograd (common.course.native), built once
     log(f"[hostcost] native autograd: {'ready' if ready else 'unavailable: ' + native.reason}")
     rows = []
     for model, b, h, s in TRAINING:
@@ -346,7 +347,7 @@ def markdown(rows: list[dict], command: str, device: str) -> str:
                 "`torch.autograd.set_multithreading_enabled(False)`. By default the autograd engine runs a CUDA "
                 "backward on its own device thread: the hand-off to it and back costs host time in every step, "
                 "and a backward written in Python runs on a core that was idle. Flash's forward and backward replay "
-                "from C++ once a shape's first backward has run (`common.native`; `native`: whether this step did); "
+                "from C++ once a shape's first backward has run (`common.course.native`; `native`: whether this step did); "
                 "Python autograd: the same step with that turned off (`autograd.Function` in Python), in the same "
                 "rounds.", "",
                 "| case | flash ms | SDPA ms | speed | met | native | flash, Python autograd ms (speed) "
@@ -444,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if not stub else "CPU, Triton launches stubbed (the wrappers' Python)"
     name = "hostcost" if not stub else "hostcost_cpu_stub"
     out = args.out or results_dir(impl)
-    write(rows, out, name, command_line("common.hostcost", argv), device)
-    print(markdown(rows, command_line("common.hostcost", argv), device))
+    write(rows, out, name, command_line("common.course.hostcost", argv), device)
+    print(markdown(rows, command_line("common.course.hostcost", argv), device))
     print(f"[hostcost] wrote {out / name}.md and .csv")
     return 0
 

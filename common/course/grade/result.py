@@ -1,5 +1,5 @@
 """What the judge (judge.py) found for one stage, trials and timing: :class:`WorkerResult`, whose
-fields :class:`~common.grade.report.StageResult` extends.
+fields :class:`~common.course.grade.report.StageResult` extends.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .score import FAIL
 @dataclass(kw_only=True)
 class WorkerResult:
     """What the worker found: the trials' verdict and, when timed, the performance numbers.
-    :class:`~common.grade.report.StageResult` adds the tests and the score to these fields
+    :class:`~common.course.grade.report.StageResult` adds the tests and the score to these fields
     (keyword-only, so that a StageResult is built with its stage and title first)."""
     correctness: str = FAIL            # pass | fail | needs a GPU (the trials' verdict)
     message: str = ""

@@ -1,11 +1,11 @@
 """The stages' benchmarks, on any tree: one per stage, written once in ``solutions/``.
 
-    python -m common.bench a06 --quick                   # your work in assignments/ (COURSE_IMPL if set)
-    python -m common.bench a06 --impl solutions          # the reference
-    python -m common.bench a07c --impl path/to/submission
+    python -m common.course.bench a06 --quick                   # your work in assignments/ (COURSE_IMPL if set)
+    python -m common.course.bench a06 --impl solutions          # the reference
+    python -m common.course.bench a07c --impl path/to/submission
     make bench STAGE=a06 [IMPL=solutions] [ARGS="--quick"]
 
-Options after the stage go to the stage's bench (``python -m common.bench a06 --help`` lists
+Options after the stage go to the stage's bench (``python -m common.course.bench a06 --help`` lists
 them). Stages 1-3 share one bench (the Linear track), so do stages 4 and 5 (the GELU).
 Benchmarks need a CUDA GPU; the H100's numbers are in ``lectures/results/``.
 """
@@ -19,8 +19,8 @@ from common.impl import add_impl_argument
 
 def benches() -> dict[str, str]:
     """stage -> the benchmark module under solutions/ (its main(argv) takes --impl): each stage's
-    ``BENCHES`` (its spec module, solutions/aNN_name/stage.py, found by common.stages)."""
-    from common.stages import STAGE_MODULES
+    ``BENCHES`` (its spec module, solutions/aNN_name/stage.py, found by common.course.stages)."""
+    from common.course.stages import STAGE_MODULES
     return {k: v for m in STAGE_MODULES for k, v in getattr(m, "BENCHES", {}).items()}
 
 

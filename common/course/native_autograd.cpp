@@ -1,4 +1,4 @@
-// Native autograd for a plan of Triton launches (common/native.py; lecture 3, "Host overhead").
+// Native autograd for a plan of Triton launches (common/course/native.py; lecture 3, "Host overhead").
 //
 // A three-input op (stage 7's flash attention: q, k, v -> O) whose forward and backward are fixed lists of
 // launches of kernels Triton has already compiled. Python records, once per key (shapes, strides, dtypes),

@@ -1,6 +1,6 @@
 """What the grader checks for each stage: correctness trials and the performance cases.
 
-The grader runs in two processes (common/grade/): the *judge*, which never imports the
+The grader runs in two processes (common/course/grade/): the *judge*, which never imports the
 submission, and a *worker*, which does. This module serves both:
 
 * ``trials(rng)`` (judge): a list of :class:`Trial` built on *fresh* random inputs with shapes
@@ -19,14 +19,14 @@ submission, and a *worker*, which does. This module serves both:
 * ``perf(load)`` (worker, on a GPU): the submission against the PyTorch baseline it is graded
   against, with the FLOPs and bytes that place it on the roofline: one :class:`Perf`, or a list
   of them (stages 4-7: shapes from the benches' real-shape sweeps, common/shapes.py), whose
-  speedups the grader combines by their geometric mean (common.grade.score). Each timed call gets
+  speedups the grader combines by their geometric mean (common.course.grade.score). Each timed call gets
   a fresh input set (common.timing.bench_fresh), and its output is checked against the baseline's.
 
 One module per stage, in the stage's own folder of ``solutions/`` (``solutions/aNN_name/stage.py``:
 given code, never copied to ``assignments/``; stage 5 shares stage 4's GELU spec), each ending in its
 :class:`Stage` (``STAGE``); ``base.py`` holds what they are made of. This module is the registry: it
 finds the stage modules (:data:`STAGE_MODULES`), and gives :data:`STAGES`, :func:`by_key`, and any
-name a stage module defines (``from common.stages import A08_TINY``).
+name a stage module defines (``from common.course.stages import A08_TINY``).
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
-from .. import HAS_CUDA
+from common import HAS_CUDA
 from .base import CALLS, DTYPE_CYCLE, Load, NeedsGPU, Perf, Run, Stage, Trial, nan_safe, perf_cases, tensors
 
-SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
+SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
 #: The stages' spec modules, in order: ``solutions.aNN_name.stage`` for each folder that has one.
 STAGE_MODULES: list[ModuleType] = [importlib.import_module(f"solutions.{p.parent.name}.stage")
                                    for p in sorted(SOLUTIONS.glob("a[0-9][0-9]_*/stage.py"))]

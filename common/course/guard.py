@@ -1,8 +1,8 @@
 """Detect a submission that patches torch, Python's builtins or the harness in its own process.
 
 The grader's references, tolerances and verdicts live in a process that never imports the
-submission (common/grade/judge.py). What must run beside the submission (the dispatch trace, the
-profiler, the timing loop: common/grade/worker.py) is guarded here:
+submission (common/course/grade/judge.py). What must run beside the submission (the dispatch trace, the
+profiler, the timing loop: common/course/grade/worker.py) is guarded here:
 
 :func:`snapshot` is taken before the submission is imported. It keeps a *strong reference* to every
 object it records, so an object cannot be freed and its id reused, and for each one it records what
@@ -43,9 +43,9 @@ import torch.nn.functional as F
 #: Module-level harness state that legitimately changes while grading (caches, the interpreter's
 #: launch stack, the host-cost bench's lazily made bare kernel): not compared.
 RUNTIME_STATE = frozenset({"common.cuda_ext._LOADED", "common.interpreter_patch._current",
-                           "common.interpreter_patch.LAUNCH_LISTENERS", "common.hostcost._BARE",
-                           "common.native.reason", "common.native._module", "common.native._thread",
-                           "common.native._plans", "common.native._kept"})
+                           "common.interpreter_patch.LAUNCH_LISTENERS", "common.course.hostcost._BARE",
+                           "common.course.native.reason", "common.course.native._module",
+                           "common.course.native._thread", "common.course.native._plans", "common.course.native._kept"})
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _DATA = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex, type(None), torch.dtype)

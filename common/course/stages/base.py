@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import DEVICE
-from ..profiling import fake_cuda, trace_ops
-from ..kernel_check import NOTHING, Forbidden
+from common import DEVICE
+from common.profiling import fake_cuda, trace_ops
+from common.kernel_check import NOTHING, Forbidden
 
 Load = Callable[[str], object]   # load("a03_fused_linear.fused_linear") -> module of the graded impl
 

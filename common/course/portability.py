@@ -13,10 +13,10 @@ it against that family's limits:
 * registers: the cubin's registers per thread (cuobjdump) times the block's threads must fit the
   65536 registers of a block; spills (local memory) are reported, not failed.
 
-    python -m common.portability                      # solutions/, the quick tier (TIERS): a table
-    python -m common.portability --full --jobs 2       # every family, dtype and variant (~40 min on 2 cores)
-    python -m common.portability --impl assignments --archs sm_86,sm_75 --json out.json
-    python -m common.portability --full --update       # refresh tests/data/portability_facts.json
+    python -m common.course.portability                      # solutions/, the quick tier (TIERS): a table
+    python -m common.course.portability --full --jobs 2       # every family, dtype and variant (~40 min on 2 cores)
+    python -m common.course.portability --impl assignments --archs sm_86,sm_75 --json out.json
+    python -m common.course.portability --full --update       # refresh tests/data/portability_facts.json
 
 A launcher that picks its config per GPU (the matmul autotuner's pruning, the attention tables'
 fallback) is followed for each family: the candidates ``configs_for`` keeps there, the first of
@@ -154,9 +154,9 @@ def facts_of(kernel) -> dict:
 
 #: Facts of kernels compiled before, by compile_key: the cross-compile of every course kernel for five
 #: GPU families takes minutes on two cores, and a key only changes with what it compiles (a kernel, a
-#: config, Triton). ``python -m common.portability --update`` refreshes it; the test compiles what is
-#: missing and, to keep the file honest, a few kernels it holds (common.portability.verify).
-FACTS_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "portability_facts.json"
+#: config, Triton). ``python -m common.course.portability --update`` refreshes it; the test compiles what is
+#: missing and, to keep the file honest, a few kernels it holds (common.course.portability.verify).
+FACTS_FILE = Path(__file__).resolve().parents[2] / "tests" / "data" / "portability_facts.json"
 
 
 class Facts:
@@ -296,7 +296,7 @@ def _next_pow2(n: int) -> int:
 def makers() -> dict:
     """stage key -> its ``portability_launches(load, archs, full)`` (the stage's spec module,
     solutions/aNN_name/stage.py), for the stages that launch Triton kernels."""
-    from common.stages import STAGE_MODULES
+    from common.course.stages import STAGE_MODULES
     return {m.STAGE.key: m.portability_launches for m in STAGE_MODULES if hasattr(m, "portability_launches")}
 
 
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     import common
     if common.TRITON_INTERPRET:   # a kernel must be a JITFunction: run again with the interpreter off
         env = dict(os.environ, TRITON_INTERPRET="0")
-        return subprocess.run([sys.executable, "-m", "common.portability", *(argv if argv is not None else sys.argv[1:])],
+        return subprocess.run([sys.executable, "-m", "common.course.portability", *(argv if argv is not None else sys.argv[1:])],
                               env=env).returncode
     archs = [ARCHS[a] for a in args.archs.split(",")]
     t0 = time.perf_counter()

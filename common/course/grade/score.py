@@ -1,6 +1,6 @@
 """How a stage is scored: pure functions of what the tests and the trials found, no I/O.
 
-The rules are written once, in :data:`SCORING`: ``python -m common.grade --help`` prints it, and
+The rules are written once, in :data:`SCORING`: ``python -m common.course.grade --help`` prints it, and
 the README and the grader's docs point here.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The grader's worker: the one process that imports the submission.
 
-    python -m common.grade.worker a03 --impl solutions --io DIR           # the trials
-    python -m common.grade.worker a03 --impl solutions --io DIR --time    # the timing (GPU), a second process
+    python -m common.course.grade.worker a03 --impl solutions --io DIR           # the trials
+    python -m common.course.grade.worker a03 --impl solutions --io DIR --time    # the timing (GPU), a second process
 
 The judge (judge.py) writes ``DIR/trials.pt``: for each trial its name, the call to make
-(``common.stages.CALLS``) and the inputs, never the reference or the tolerance. This process
-records what torch and the harness look like (common.guard), imports the submission, runs every
+(``common.course.stages.CALLS``) and the inputs, never the reference or the tolerance. This process
+records what torch and the harness look like (common.course.guard), imports the submission, runs every
 call under the dispatch trace (and on a GPU the profiler, on a copy of the inputs), and writes back
 what it saw: ``DIR/outputs.pt`` (each trial's outputs, all kept alive until the last trial ran, so
 an output buffer a later call overwrote shows) and ``DIR/result.json`` (per trial: the traced ops,
@@ -80,8 +80,9 @@ def _import_harness() -> None:
     import pkgutil
 
     import common
-    import common.grade
-    for pkg in (common, common.grade):
+    import common.course
+    import common.course.grade
+    for pkg in (common, common.course, common.course.grade):
         for info in pkgutil.iter_modules(pkg.__path__):
             if info.name not in ("__main__", "make_stubs") and not info.ispkg:
                 importlib.import_module(f"{pkg.__name__}.{info.name}")
@@ -91,9 +92,10 @@ def run_trials(impl: str, io: Path) -> dict:
     import torch
 
     _import_harness()
-    from common import HAS_CUDA, guard, profiling
+    from common import HAS_CUDA, profiling
+    from common.course import guard
     from common.impl import load as load_impl
-    from common.stages import CALLS, NeedsGPU, Run, tensors
+    from common.course.stages import CALLS, NeedsGPU, Run, tensors
 
     payload = torch.load(io / TRIALS, weights_only=True)
     before = guard.snapshot()          # before the submission is imported
@@ -159,9 +161,9 @@ def run_timing(impl: str, io: Path) -> dict:
     import torch
 
     _import_harness()
-    from common import guard
+    from common.course import guard
     from common.impl import load as load_impl
-    from common.stages import by_key
+    from common.course.stages import by_key
 
     payload = torch.load(io / TRIALS, weights_only=True, map_location="cpu")   # the stage and seed: no GPU memory
     before = guard.snapshot()
@@ -178,7 +180,7 @@ def _time(stage, load, seed: int) -> dict:
     import torch
 
     from common.profiling import profile
-    from common.stages import perf_cases
+    from common.course.stages import perf_cases
     from common.timing import bench_fresh
     cases = []
     try:
@@ -214,7 +216,7 @@ def _progress(io: Path, trials: list, i: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from common.impl import add_impl_argument
-    ap = argparse.ArgumentParser(prog="python -m common.grade.worker",
+    ap = argparse.ArgumentParser(prog="python -m common.course.grade.worker",
                                  description="One stage's trials and timing (the judge runs this; see judge.py).")
     ap.add_argument("stage", help="stage key, e.g. a03")
     add_impl_argument(ap, required=True)

@@ -19,7 +19,7 @@ from .judge import progress, run_stage
 from .report import StageResult
 from .score import FAIL, PARTIAL, PASS, score
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def junit_outcomes(xml: Path) -> dict:
@@ -124,7 +124,7 @@ def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool =
     where another stage imports them (stage 8 on the reference a06 and a07); each borrowed stage is
     still graded on the impl's own code, and the others' rows say what they ran on."""
     from common.impl import BORROW_VAR, borrowed, resolve
-    from common.stages import STAGES
+    from common.course.stages import STAGES
     root = resolve(impl)
     todo = [s for s in STAGES if not stages or s.key in stages or s.folder in stages]
     saved = os.environ.get(BORROW_VAR)

@@ -1,8 +1,8 @@
 """Nsight Compute on a stage's benchmark case: the few metrics that matter, beside the roofline.
 
-    python -m common.ncu a05                        # your Triton GELU (assignments/), then F.gelu
-    python -m common.ncu a06 --impl solutions       # the reference Triton matmul, GPT-2 small's MLP-up, bf16
-    python -m common.ncu a07 --export /tmp/a07      # also keep /tmp/a07.ncu-rep for the ncu GUI
+    python -m common.course.ncu a05                        # your Triton GELU (assignments/), then F.gelu
+    python -m common.course.ncu a06 --impl solutions       # the reference Triton matmul, GPT-2 small's MLP-up, bf16
+    python -m common.course.ncu a07 --export /tmp/a07      # also keep /tmp/a07.ncu-rep for the ncu GUI
     make ncu STAGE=a05 [IMPL=solutions]
 
 The case is the grader's performance case of the stage (its ``solutions/aNN_name/stage.py``: the same
@@ -46,9 +46,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .impl import add_impl_argument
+from common.impl import add_impl_argument
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CASE_MARK = "@@NCU-CASE@@"
 WHICH = ("submission", "baseline")
 
@@ -81,13 +81,13 @@ ALWAYS = ("launch__", "gpu__time_duration")
 NO_NCU = """\
 ncu (Nsight Compute) was not found{where}.
 It ships with the CUDA toolkit (/usr/local/cuda/bin/ncu) and as the nsight-compute package;
-put it on PATH or name it: NCU=/path/to/ncu python -m common.ncu {stage}.
+put it on PATH or name it: NCU=/path/to/ncu python -m common.course.ncu {stage}.
 It also needs an NVIDIA GPU. Without one: common.profiling.trace_ops / fake_cuda count ops and
 host transfers, and lectures/results/ncu_*.txt show what ncu measured on the course's H100."""
 NO_PERMISSION = """\
 ncu cannot read this GPU's performance counters (ERR_NVGPUCTRPERM): profiling is restricted to
 administrators on this machine. Either
-  * run as root, with this Python: sudo -E env PATH="$PATH" {python} -m common.ncu {args}
+  * run as root, with this Python: sudo -E env PATH="$PATH" {python} -m common.course.ncu {args}
   * or, once, as an administrator: options nvidia NVreg_RestrictProfilingToAdminUsers=0 in a
     file under /etc/modprobe.d/, then reload the driver (or reboot);
   * in a container: start it with --cap-add=SYS_ADMIN (many cloud sandboxes do not allow it).
@@ -284,17 +284,17 @@ def table(rows: list[Row], columns: list[tuple[str, str, str]], limit: int = 12)
 def ceilings_for_report() -> tuple[float, float, str]:
     """(GB/s, TFLOP/s, where from): the grader's cached measurement for this GPU, a fresh
     measurement, or (no GPU) the course's H100 reference."""
-    from .roofline import H100_REFERENCE
+    from common.roofline import H100_REFERENCE
     try:
         import torch
         if torch.cuda.is_available():
-            from .cuda_ext import cache_dir
+            from common.cuda_ext import cache_dir
             name = torch.cuda.get_device_name()
             cached = json.loads((cache_dir() / "ceilings.json").read_text()).get(name) \
                 if (cache_dir() / "ceilings.json").exists() else None
             if cached:
                 return cached["gbps"], cached["tflops"], f"measured on {name} (cached by the grader)"
-            from .roofline import measure_ceilings
+            from common.roofline import measure_ceilings
             c = measure_ceilings()
             return c.gbps, c.tflops, f"measured on {c.source}"
     except Exception:  # noqa: BLE001 - the report falls back to the reference figures
@@ -413,7 +413,7 @@ def profile_case(ncu: str, stage: str, impl: str, which: str, metrics: list[str]
         for s in sections:
             cmd += ["--section", s]
         cmd += ["-k", f"regex:{kernel}"] if kernel else []
-        cmd += extra + [sys.executable, "-m", "common.ncu", "--child", stage, "--impl", impl, "--which", which]
+        cmd += extra + [sys.executable, "-m", "common.course.ncu", "--child", stage, "--impl", impl, "--which", which]
         p = _run(cmd, timeout)
         out = p.stdout + "\n" + p.stderr
         _check_permission(out, args)
@@ -440,8 +440,8 @@ def _child(stage_key: str, impl: str, which: str, warmup: int) -> int:
     """Runs under ncu: build the stage's performance case, warm up, profile one call."""
     import torch
 
-    from .impl import load
-    from .stages import by_key, perf_cases
+    from common.impl import load
+    from common.course.stages import by_key, perf_cases
     try:
         stage = by_key(stage_key)
         if stage.perf is None:
@@ -471,7 +471,7 @@ def run(stage_key: str, impl: str = "assignments", *, baseline: bool = True, sec
         kernel=None, max_kernels=200, extra=(), export=None, show_all=False, timeout=600.0,
         args: list[str] = ()) -> str:
     extra = list(extra)
-    from .stages import by_key
+    from common.course.stages import by_key
     stage = by_key(stage_key)
     if stage.perf is None:
         raise NcuError(f"stage {stage.key} ({stage.title}) has no benchmark case to profile: its work is "
@@ -500,7 +500,7 @@ def run(stage_key: str, impl: str = "assignments", *, baseline: bool = True, sec
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m common.ncu", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m common.course.ncu", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     ap.add_argument("stage", help="a02 ... a08 (the stage's grader performance case)")

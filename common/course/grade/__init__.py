@@ -1,22 +1,22 @@
 """The grader: one implementation, stage by stage, against PyTorch.
 
-    python -m common.grade                         # grade assignments/ (make grade)
-    python -m common.grade --impl solutions
-    python -m common.grade --impl path/to/submission --results-json out/results.json
-    python -m common.grade --submissions subs/ --out graded/     # many, one process per GPU
+    python -m common.course.grade                         # grade assignments/ (make grade)
+    python -m common.course.grade --impl solutions
+    python -m common.course.grade --impl path/to/submission --results-json out/results.json
+    python -m common.course.grade --submissions subs/ --out graded/     # many, one process per GPU
 
 Every stage runs in its own processes with time limits, so a submission that raises, hangs or
 crashes fails that stage only, and the references and verdicts live in a process that never
 imports the submission. A stage's grade: correctness from the stage's tests and the grader's
 own trials, and on a GPU speed against the PyTorch baseline; the rules are
-:data:`common.grade.score.SCORING` (``--help`` prints them). On a machine without a GPU the report
+:data:`common.course.grade.score.SCORING` (``--help`` prints them). On a machine without a GPU the report
 says "needs a GPU": no numbers are made up.
 
 The package, one concern a module:
 
 * ``judge.py``: one stage's trials and timing, judged: draws the trials and their references,
   runs the worker, decides; returns a typed :class:`~.result.WorkerResult`.
-* ``worker.py``: the one process that imports the submission (``python -m common.grade.worker``):
+* ``worker.py``: the one process that imports the submission (``python -m common.course.grade.worker``):
   runs the calls under the trace, the profiler and the guard, and the timing; reports what it saw.
 * ``run.py``: one implementation, stage by stage: the stage's tests (a subprocess with a time
   limit) and the judge, and the :class:`~.report.StageResult` made from both.

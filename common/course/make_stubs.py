@@ -1,7 +1,7 @@
 """Write ``assignments/`` from ``solutions/``: the solutions are the single source of every stage.
 
-    python -m common.make_stubs            # rewrite assignments/ (stage files, not the handouts)
-    python -m common.make_stubs --check    # exit 1 and list the files that differ (tests run this)
+    python -m common.course.make_stubs            # rewrite assignments/ (stage files, not the handouts)
+    python -m common.course.make_stubs --check    # exit 1 and list the files that differ (tests run this)
 
 Each student region in a solution file is marked, and carries its stub beside it:
 
@@ -22,7 +22,7 @@ A file goes to ``assignments/`` only if the student has something to do in it (a
 or if the stubs need it to import and build (``needed``): the package's ``__init__.py``, the C++
 ``binding.cpp``, the Python loader that builds the stage's CUDA sources (it calls
 ``common.cuda_ext.load_op``), and a given module that a copied file imports from its own stage
-(stage 8's ``sampling.py``). Given code outside those (the benchmarks: ``python -m common.bench
+(stage 8's ``sampling.py``). Given code outside those (the benchmarks: ``python -m common.course.bench
 aNN --impl assignments`` runs solutions/' bench on your work) stays in ``solutions/``. Given code
 in a copied file is copied as it is, except that references to the solutions tree
 (``solutions.a06_matmul``, ``solutions/a06_matmul``) become ``assignments.``/``assignments/``.
@@ -37,7 +37,7 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "solutions"
 TARGET = REPO / "assignments"
 
@@ -170,7 +170,7 @@ def write(source: Path = SOURCE, target: Path = TARGET) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m common.make_stubs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m common.course.make_stubs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if assignments/ differs")
     args = ap.parse_args(argv)
     if args.check:
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in diff:
             print(d)
         print(f"assignments/: {len(diff)} file(s) differ from what solutions/ generates"
-              + ("; run python -m common.make_stubs" if diff else ""))
+              + ("; run python -m common.course.make_stubs" if diff else ""))
         return 1 if diff else 0
     for d in write():
         print(d)

@@ -1,4 +1,4 @@
-"""The command line: ``python -m common.grade --help`` (``make grade``)."""
+"""The command line: ``python -m common.course.grade --help`` (``make grade``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import grade as _package
+from common.course import grade as _package
 
 from .batch import grade_many
 from .report import gradescope, plots, report_json, table
@@ -16,7 +16,7 @@ from .score import SCORING
 
 def main(argv: list[str] | None = None) -> int:
     from common.impl import add_impl_argument
-    ap = argparse.ArgumentParser(prog="python -m common.grade", description=_package.__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m common.course.grade", description=_package.__doc__.split("\n\n")[0],
                                  epilog=SCORING, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_impl_argument(ap)
     ap.add_argument("--stages", help="comma-separated stage keys, e.g. a01,a05 (default: all)")

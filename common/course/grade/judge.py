@@ -1,6 +1,6 @@
 """The judge: one stage's trials and timing, graded in a process that never imports the submission.
 
-The judge draws the trials (common.stages: fresh random inputs, shapes drawn now), computes every
+The judge draws the trials (common.course.stages: fresh random inputs, shapes drawn now), computes every
 reference in float64 and every tolerance, and keeps them. It hands the worker (worker.py, a
 subprocess with a time limit: the one process that imports the submission) only the inputs and
 the name of each call, reads back the outputs and what the worker's trace, profiler and guard saw,
@@ -8,7 +8,7 @@ and decides: forbidden ops or kernels, outputs never written (wholly or in part)
 memory they may not, the facts a call reported, the values against the references, and on a GPU
 every timed call's output against the baseline's on the same fresh inputs. A submission can
 therefore not see a reference, change a tolerance or a comparison, or patch the judge: patching
-the worker's harness or torch is detected there (common.guard) and zeroes the stage.
+the worker's harness or torch is detected there (common.course.guard) and zeroes the stage.
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ from .result import WorkerResult
 from .score import FAIL, NEEDS_GPU, PASS, combined_speedup
 from .worker import OUTPUTS, PROGRESS, RESULT, TIMING, TRIALS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run_stage(impl: Path | str, stage, timeout: float, timed: bool | None = None) -> WorkerResult:
     """Grade one stage of ``impl``: trials, and on a GPU (``timed``, default: a GPU is present) the timing."""
     from common import HAS_CUDA
-    from common.stages import NeedsGPU
+    from common.course.stages import NeedsGPU
     timed = HAS_CUDA if timed is None else timed
     rng = random.SystemRandom()
     res = WorkerResult()
@@ -81,7 +81,7 @@ RUN_WORKER = subprocess.run
 
 def _worker(impl, key: str, io: Path, timeout: float, *extra: str) -> tuple[object, str]:
     """Run the worker; (the process, '') or (None, why: a time-out)."""
-    cmd = [sys.executable, "-m", "common.grade.worker", key, "--impl", str(impl), "--io", str(io), *extra]
+    cmd = [sys.executable, "-m", "common.course.grade.worker", key, "--impl", str(impl), "--io", str(io), *extra]
     try:
         return RUN_WORKER(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout), ""
     except subprocess.TimeoutExpired:
@@ -189,7 +189,7 @@ def _unwritten(outs) -> tuple[int, int]:
 
 def _judge(stage, trials, found: dict, outputs: list, res: WorkerResult) -> WorkerResult:
     from common.kernel_check import forbidden_kernels, forbidden_ops, kernels_message, ops_message
-    from common.stages import tensors
+    from common.course.stages import tensors
     from common.testing import rel_error
     res.violations = list(found.get("violations", []))
     worst_ratio, msgs = -1.0, []

@@ -1,5 +1,5 @@
 """Many submissions at once, kept apart: one grading process per GPU present (or ``--jobs`` on a
-CPU), each ``python -m common.grade --impl <its copy>``, writing that submission's results.json
+CPU), each ``python -m common.course.grade --impl <its copy>``, writing that submission's results.json
 (Gradescope) and report.json.
 
 Each submission is graded
@@ -162,7 +162,7 @@ def grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages, run_t
             env.pop("COURSE_IMPL", None)
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = str(slot)
-            grade = [sys.executable, "-m", "common.grade", "--impl", str(impl), "--quiet",
+            grade = [sys.executable, "-m", "common.course.grade", "--impl", str(impl), "--quiet",
                      "--results-json", str(work / "results.json"), "--json-out", str(work / "report.json"),
                      "--timeout", str(timeout)] + (["--stages", ",".join(stages)] if stages else []) \
                 + ([] if run_tests else ["--no-tests"])
