@@ -9,12 +9,29 @@ import torch.nn.functional as F
 
 from common import reference as ref
 from common.roofline import matmul_bytes, matmul_flops
-from common.kernel_check import BIAS_KERNEL, FUSED_LINEAR, Forbidden, held_tensors, input_copies
+from common.kernel_check import (ATEN_KERNELS, BASELINE_FUNCTIONS, TORCH_ARITH, TORCH_GEMM, Forbidden, held_tensors,
+                                 input_copies)
 from common.testing import REL_TOL
 from common.gpu import Arch
 from common.course.portability import BF16, Launch, _dt, _dtypes, _next_pow2
-from common.course.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn, _dtype_of_draw,
-                                _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
+from common.course.stages.base import (DTYPE_CYCLE, Perf, Run, Stage, Trial, _call, _count_layer, _cuda_randn,
+                                       _dtype_of_draw, _gen, _no_copies, _randn, _refilled, _twice, _with_repeat)
+
+
+# ----------------------------------------------------------------------------- what the graded calls may not call
+#: a03: the bias kernel (add_bias, add_bias_).
+BIAS_KERNEL = Forbidden(TORCH_ARITH, ATEN_KERNELS)
+#: a03: what each FusedLinear backend may not call (its contract: "addmm" is one torch.addmm with the
+#: bias in cuBLAS's epilogue; "triton" is the GEMM x @ W^T, then the stage's add_bias_ kernel).
+#: F.linear, the baseline the stage is timed against, is refused in both.
+FUSED_LINEAR = {
+    "addmm": Forbidden(TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
+                       functions=BASELINE_FUNCTIONS),
+    "triton": Forbidden(TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
+                        functions=BASELINE_FUNCTIONS),
+}
+#: Without a bias either backend is the GEMM x @ W^T alone (no addmm, no arithmetic, no F.linear).
+FUSED_LINEAR_NO_BIAS = FUSED_LINEAR["triton"]
 
 
 @_call

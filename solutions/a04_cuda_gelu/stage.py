@@ -11,10 +11,15 @@ from common import HAS_CUDA
 from common import reference as ref
 from common.roofline import elementwise_bytes
 from common.shapes import GPT2_MODELS
-from common.kernel_check import GELU_KERNEL
+from common.kernel_check import ACT_KERNELS, ATEN_KERNELS, TORCH_ARITH, TORCH_GELU, Forbidden
 from common.testing import REL_TOL
-from common.course.stages.base import (DTYPE_CYCLE, NeedsGPU, Perf, Run, Stage, Trial, _call, _cuda_randn, _dtype_of_draw,
-                                _gen, _randn, _refilled, _twice, _with_repeat)
+from common.course.stages.base import (DTYPE_CYCLE, NeedsGPU, Perf, Run, Stage, Trial, _call, _cuda_randn,
+                                       _dtype_of_draw, _gen, _randn, _refilled, _twice, _with_repeat)
+
+
+# ----------------------------------------------------------------------------- what the graded calls may not call
+#: a04 (CUDA op) and a05 (Triton): GELU as one kernel.
+GELU_KERNEL = Forbidden(TORCH_ARITH + TORCH_GELU, ATEN_KERNELS + ACT_KERNELS)
 
 
 #: The GELU each GELU stage grades: (module, function name).

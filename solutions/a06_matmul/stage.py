@@ -10,12 +10,18 @@ from common import HAS_CUDA, gpu
 from common import reference as ref
 from common.roofline import matmul_bytes, matmul_flops
 from common.shapes import GPT2_MODELS, gpt2_gemms
-from common.kernel_check import MATMUL_KERNEL, input_copies
+from common.kernel_check import (ACT_KERNELS, ATEN_KERNELS, BLAS_KERNELS, TORCH_ARITH, TORCH_GELU, TORCH_GEMM,
+                                 Forbidden, input_copies)
 from common.testing import REL_TOL, calibrated_tol, rel_error, torch_matmul
 from common.gpu import Arch
 from common.course.portability import BF16, FP16, FP32, TENSOR_CORE_ARCHS, Launch, _dt
 from common.course.stages.base import (Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _no_copies, _randn, _refilled,
-                                _twice, _with_repeat)
+                                       _twice, _with_repeat)
+
+
+# ----------------------------------------------------------------------------- what the graded calls may not call
+#: a06: the matmul kernels (Triton, CUDA versions 1-7), epilogue included.
+MATMUL_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
 
 
 def _matmul_tol(a: torch.Tensor, b: torch.Tensor, expected: torch.Tensor) -> float:

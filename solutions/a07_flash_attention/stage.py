@@ -10,12 +10,21 @@ from common import HAS_CUDA
 from common import reference as ref
 from common.roofline import attention_flops
 from common.shapes import ATTENTION_HEADS, attention_batch
-from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, Forbidden, attention_tile_bound, largest_new_tensor,
+from common.kernel_check import (ACT_KERNELS, ATTENTION_FUNCTIONS, ATTN_KERNELS, BLAS_KERNELS, TORCH_ATTENTION,
+                                 TORCH_GEMM, TORCH_SOFTMAX, Forbidden, attention_tile_bound, largest_new_tensor,
                                  tile_message)
 from common.testing import calibrated_tol, rel_error, torch_attention
 from common.gpu import Arch
 from common.course.portability import BF16, FP32, TENSOR_CORE_ARCHS, Launch, _dt, _dtypes
 from common.course.stages.base import Perf, Run, Stage, Trial, _call, _cuda_randn, _gen, _randn, _with_repeat
+
+
+# ----------------------------------------------------------------------------- what the graded calls may not call
+#: a07a: tiled attention in PyTorch (its matmuls are torch's, by design; the fused op is not).
+ATTENTION_TILED = Forbidden(TORCH_ATTENTION, ATTN_KERNELS, ATTENTION_FUNCTIONS)
+#: a07b: the Triton forward and backward kernels.
+ATTENTION_KERNEL = Forbidden(TORCH_ATTENTION + TORCH_GEMM + TORCH_SOFTMAX, ATTN_KERNELS + BLAS_KERNELS + ACT_KERNELS,
+                             ATTENTION_FUNCTIONS)
 
 
 #: Stage 7's attention entry points: (module, function name).

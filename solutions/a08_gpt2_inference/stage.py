@@ -10,12 +10,29 @@ import torch.nn.functional as F
 from common import DEVICE, HAS_CUDA
 from common import reference as ref
 from common.roofline import gpt2_decode_bytes, gpt2_decode_flops
-from common.kernel_check import DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, host_syncs
+from common.kernel_check import (ACT_KERNELS, ATEN_KERNELS, ATTENTION_FUNCTIONS, ATTN_KERNELS, BLAS_KERNELS,
+                                 NORM_KERNELS, TORCH_ARITH, TORCH_ATTENTION, TORCH_GELU, TORCH_GEMM, TORCH_NORM,
+                                 TORCH_SCATTER, TORCH_SOFTMAX, Forbidden, host_syncs)
 from common.testing import REL_TOL, random_gpt2
 from common.gpu import ARCHS, Arch
 from common.course.portability import BF16, FP16, FP32, Launch, _dt, _next_pow2
-from common.course.stages.base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _pick_dtype,
-                                _randn, _refilled, _twice, _with_repeat)
+from common.course.stages.base import (DTYPE_CYCLE, Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen,
+                                       _pick_dtype, _randn, _refilled, _twice, _with_repeat)
+
+
+# ----------------------------------------------------------------------------- what the graded calls may not call
+#: a08's kernels and the engine built on them.
+DECODE_ATTENTION = Forbidden(TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
+                             ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
+LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNELS)
+#: a08 kernel 4, the decode GEMV (bias and GELU epilogue included), as the a06 matmul. Its Triton kernel
+#: must not be named like a vendor kernel ("gemv" is one of BLAS_KERNELS): gemv.py's is _matvec_kernel.
+GEMV_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
+WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + ("aten.copy",), ATEN_KERNELS)
+#: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
+#: argmax of generate, copies), so it is checked for the kernels of the work itself only.
+ENGINE = Forbidden(TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX,
+                   BLAS_KERNELS + ATTN_KERNELS + NORM_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
 
 
 A08_TINY = dict(vocab_size=257, n_positions=64, n_embd=64, n_layer=2)
