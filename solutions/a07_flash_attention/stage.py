@@ -232,6 +232,59 @@ def _hc_flash_fwd_bwd(load, dev, dt):
             _hc_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, do))
 
 
+#: The training cases: (model, B, H, S) with d = 64, causal, bf16, GPT-2's layout (q, k, v views of one qkv
+#: tensor [B, S, 3·H·d]). The floor applies at B·H 96-384 (GPT-2 small/medium training shapes);
+#: the S = 1000, B 2 case is reported beside them.
+HOSTCOST_TRAINING = [("small", 8, 12, 1024), ("small", 32, 12, 512), ("small", 2, 12, 1000), ("medium", 8, 16, 1024),
+                     ("medium", 24, 16, 512)]
+
+
+def hostcost_training(impl, log=print) -> list[dict]:
+    """Eager autograd steps, flash (the impl's a07) vs SDPA, at HOSTCOST_TRAINING's shapes: ms per step,
+    the speed ratio (SDPA time / flash time) and the floor (TRAINING_FLOOR at B·H 96-384); the rows of
+    ``python -m common.course.hostcost`` on a GPU."""
+    from common.course import native
+    from common.course.hostcost import TRAINING_FLOOR, _gpt2_qkv, _row, host_and_gpu_us, interleaved_us, training_step
+    m = impl.load("a07_flash_attention.flash_triton")
+    ready = native.load(wait=True) is not None      # flash's native autograd (common.course.native), built once
+    log(f"[hostcost] native autograd: {'ready' if ready else 'unavailable: ' + native.reason}")
+    rows = []
+    for model, b, h, s in HOSTCOST_TRAINING:
+        try:
+            ours = training_step(lambda q, k, v: m.flash_attention(q, k, v, True), b, h, s)
+            sdpa = training_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), b, h, s)
+
+            def python_autograd(step=ours):
+                with native.disabled():
+                    step()
+            for _ in range(3):
+                ours()
+                sdpa()
+            c, t, cpy = interleaved_us([ours, sdpa, python_autograd], calls=10, runs=3)
+            (ch, cg), (th, tg) = host_and_gpu_us(ours, calls=10, runs=3), host_and_gpu_us(sdpa, calls=10, runs=3)
+            # The autograd engine runs a CUDA backward on its own device thread: with that off, the backward
+            # runs on the calling thread (what the host loses to the hand-off between threads, see markdown()).
+            with torch.autograd.set_multithreading_enabled(False):
+                c1, t1 = interleaved_us([ours, sdpa], calls=10, runs=3)
+        except Exception as e:  # noqa: BLE001
+            log(f"[hostcost] training {model} B={b} H={h} S={s}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            continue
+        speed = t / c
+        in_range = 96 <= b * h <= 384
+        met = ("yes" if speed >= TRAINING_FLOOR else "no") if in_range else ""
+        rows.append(_row("training", "a07", f"GPT-2 {model} training step, attention fwd+bwd: B {b}, H {h}, S {s}, "
+                                            f"d 64, causal, bf16", 4, c, t, float("nan"),
+                         TRAINING_FLOOR if in_range else float("nan"), met, ch, th, cg, tg, "cuda",
+                         key=f"training_{model}_B{b}_S{s}"))
+        rows[-1].update(ratio=speed, course_1thread_us=c1, torch_1thread_us=t1, course_python_us=cpy,
+                        native=native.replayed(m.flash_attention(*_gpt2_qkv(b, h, s, 64, "cuda", torch.bfloat16)[1](),
+                                                                 True)))
+        log(f"[hostcost] training {model} B={b} H={h} S={s}: {c / 1e3:.3f} ms vs SDPA {t / 1e3:.3f} ms = {speed:.2f}x "
+            f"(GPU alone {tg / cg:.2f}x; host {ch:.0f} vs {th:.0f} us; engine on one thread {c1 / 1e3:.3f} vs "
+            f"{t1 / 1e3:.3f} ms = {t1 / c1:.2f}x; Python autograd {cpy / 1e3:.3f} ms = {t / cpy:.2f}x) {met}")
+    return rows
+
+
 def hostcost_cases() -> list:
     """This stage's eager host-cost cases (``python -m common.course.hostcost``): its entry points at a launch-bound
     shape, beside the PyTorch op each replaces."""
