@@ -45,17 +45,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest --impl solutions --mutants --durations=25
 
 grade: $(STAMP)
-	$(BIN)/python -m common.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE)) $(if $(BORROW),--borrow $(BORROW))
+	$(BIN)/python -m common.course.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE)) $(if $(BORROW),--borrow $(BORROW))
 
 # make check STAGE=a03 [IMPL=...] [K="add_bias"] [BORROW=a06,a07]: one stage's tests, -x --tb=short
 check: $(STAMP)
 	$(if $(STAGE),,$(error make check needs a stage: make check STAGE=a03))
 	$(BIN)/python -m pytest $(wildcard tests/test_$(STAGE)_*.py) --impl $(IMPL) -x --tb=short $(if $(K),-k "$(K)") $(if $(BORROW),--borrow $(BORROW))
 
-# make bench STAGE=a06 [IMPL=...] [ARGS="--quick"]: the stage's benchmark (common/bench.py), on a GPU
+# make bench STAGE=a06 [IMPL=...] [ARGS="--quick"]: the stage's benchmark (common/course/bench.py), on a GPU
 bench: $(STAMP)
 	$(if $(STAGE),,$(error make bench needs a stage: make bench STAGE=a06 (a01 ... a08, a07c)))
-	$(BIN)/python -m common.bench $(STAGE) --impl $(IMPL) $(ARGS)
+	$(BIN)/python -m common.course.bench $(STAGE) --impl $(IMPL) $(ARGS)
 
 $(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,notebooks]'
@@ -67,12 +67,12 @@ lab: $(LAB_STAMP)
 
 ncu: $(STAMP)
 	$(if $(STAGE),,$(error make ncu needs a stage: make ncu STAGE=a05 (a02 ... a08)))
-	$(BIN)/python -m common.ncu $(STAGE) --impl $(IMPL) $(NCU_ARGS)
+	$(BIN)/python -m common.course.ncu $(STAGE) --impl $(IMPL) $(NCU_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v
 
-# make results [STAGE=a06]: the GPU scripts of lectures/_tools/gpu/ behind the stage's tables and plots
+# make results [STAGE=a06]: the GPU scripts behind the stage's tables and plots (its stage.py's results_runs())
 results: $(STAMP)
 	$(BIN)/python -m lectures._tools.results $(if $(STAGE),--stage $(STAGE))
 

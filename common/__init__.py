@@ -1,5 +1,7 @@
 """Shared harness for the course: impl switching, checks, timing, profiling,
-roofline accounting, CUDA-extension builds and float64 reference implementations.
+roofline accounting, CUDA-extension builds and float64 reference implementations: what a
+student's code and the tests call. The course's own tooling (the grader, the stage registry,
+the bench and ncu drivers, the self-checks) is in ``common.course``.
 
 Importing ``common`` first thing makes Triton kernels run under the Triton
 interpreter on machines without a CUDA GPU (``TRITON_INTERPRET=1``), so every

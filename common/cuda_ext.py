@@ -120,33 +120,37 @@ class CourseOp(NamedTuple):
     hopper_only: bool = False
 
 
-#: The CUDA extensions the course builds, by name: stage 4's op (and its --use_fast_math twin),
-#: stage 6's matmul versions and stage 7c's Hopper attention forward.
-COURSE_OPS = {"a04": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(), "test_a04_cuda_gelu.py"),
-              "a04_fast": CourseOp("a04_cuda_gelu.fused_gelu", lambda m: m.build(fast_math=True),
-                                   "test_a04_cuda_gelu.py"),
-              "a06": CourseOp("a06_matmul.matmul_cuda", lambda m: m._op(), "test_a06_matmul.py"),
-              "a07c": CourseOp("a07_flash_attention.flash_hopper", lambda m: m._op(), "test_a07c_flash_hopper.py",
-                               hopper_only=True)}
+def course_ops() -> dict[str, CourseOp]:
+    """The CUDA extensions the course builds, by name: each stage's ``cuda_ops()`` (its spec module,
+    solutions/aNN_name/stage.py, found by common.course.stages), e.g. stage 4's op and its --use_fast_math twin."""
+    from common.course.stages import STAGE_MODULES
+    return {name: op for m in STAGE_MODULES if hasattr(m, "cuda_ops") for name, op in m.cuda_ops().items()}
+
+
+def __getattr__(name: str):
+    if name == "COURSE_OPS":                   # course_ops() as a table
+        return course_ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def course_ops_here(test_files: Collection[str] | None = None) -> list[str]:
-    """The names of COURSE_OPS this GPU can run (sm_90 ones on sm_90 only), restricted to those that
+    """The names of course_ops() this GPU can run (sm_90 ones on sm_90 only), restricted to those that
     ``test_files`` (file names in tests/) need when given."""
     from common import is_hopper
-    return [n for n, op in COURSE_OPS.items()
+    return [n for n, op in course_ops().items()
             if (not op.hopper_only or is_hopper()) and (test_files is None or op.tests in test_files)]
 
 
 def build_course_ops(impl: str | None = None, names: Sequence[str] | None = None) -> None:
-    """Build the CUDA extensions ``names`` (keys of COURSE_OPS; default: course_ops_here()) of
+    """Build the CUDA extensions ``names`` (keys of course_ops(); default: course_ops_here()) of
     ``impl`` (default: $COURSE_IMPL, else assignments) one after the other, on a GPU machine."""
     import time
 
     from common.impl import load
+    ops = course_ops()
     for name in course_ops_here() if names is None else names:
         t0 = time.time()
-        op = COURSE_OPS[name]
+        op = ops[name]
         op.build(load(op.module, impl))
         print(f"[build] {name} of {impl or 'the current impl'} ready in {time.time() - t0:.0f} s", flush=True)
 

@@ -9,7 +9,7 @@
     gpu.missing(9, 0, "stage 7c uses Hopper's TMA and wgmma")   # None, or why this GPU cannot
 
 ``ARCHS`` lists the GPU families the course is checked against without owning them: the
-cross-compile test (tests/test_portability.py, common/portability.py) compiles every Triton kernel
+cross-compile test (tests/test_portability.py, common/course/portability.py) compiles every Triton kernel
 for each and checks it against that family's limits. Each number there is NVIDIA's published limit
 for the architecture (CUDA C++ Programming Guide, "Technical Specifications per Compute
 Capability"); a kernel asks the device it runs on (the functions below), never this table.

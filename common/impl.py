@@ -162,18 +162,25 @@ def stage_dir(stage: str, impl: str | os.PathLike | Impl | None = None) -> Path:
 IMPL_HELP = "assignments (your work), solutions (the reference), or a path laid out like assignments/"
 
 
-def add_impl_argument(parser, module_name: str | None = None) -> None:
-    """``--impl``, the one definition every command line of the course uses (the grader, ncu, the
-    benches, pytest): 'assignments', 'solutions' or a path. Its default is the tree ``module_name``
-    belongs to (a bench run as ``python -m solutions.a06_matmul.bench`` benchmarks solutions/), else
-    ``COURSE_IMPL``, else 'assignments'. ``parser``: an argparse parser, or pytest's (``addoption``:
-    there the default is None and ``COURSE_IMPL`` is read when the impl is imported)."""
+def add_impl_argument(parser, module_name: str | None = None, *, default: str | None = None,
+                      required: bool = False, help: str | None = None) -> None:
+    """``--impl``, the one definition every command line of the course uses (the grader and its
+    worker, ncu, portability, the benches, pytest): 'assignments', 'solutions' or a path. Its default
+    is ``default`` if given, else the tree ``module_name`` belongs to (a bench run as
+    ``python -m solutions.a06_matmul.bench`` benchmarks solutions/), else ``COURSE_IMPL``, else
+    'assignments'; ``required``: no default (a process another one starts). ``parser``: an argparse
+    parser, or pytest's (``addoption``: there the default is None and ``COURSE_IMPL`` is read when the
+    impl is imported)."""
     if hasattr(parser, "addoption"):
-        parser.addoption("--impl", default=None, help=f"{IMPL_HELP} (default: {ENV_VAR}, else assignments)")
+        parser.addoption("--impl", default=None, help=help or f"{IMPL_HELP} (default: {ENV_VAR}, else assignments)")
+        return
+    if required:
+        parser.add_argument("--impl", required=True, help=help or IMPL_HELP)
         return
     tree = (module_name or "").split(".")[0]
-    default = tree if tree in NAMED else os.environ.get(ENV_VAR, "assignments")
-    parser.add_argument("--impl", default=default, help=f"{IMPL_HELP} (default: %(default)s)")
+    if default is None:
+        default = tree if tree in NAMED else os.environ.get(ENV_VAR, "assignments")
+    parser.add_argument("--impl", default=default, help=f"{help or IMPL_HELP} (default: %(default)s)")
 
 
 def command_line(module_name: str, argv: list[str] | None = None) -> str:

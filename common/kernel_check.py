@@ -2,9 +2,9 @@
 
 A stage asks for a kernel (a Triton program, a CUDA op, a tiled loop): a submission that
 calls the PyTorch op it replaces gets the right numbers because PyTorch computed them, so
-no value test can tell. What each graded callable may not call is written here once, as a
-:class:`Forbidden`, and checked the same way by pytest (:func:`assert_is_kernel`) and by
-the grader's trials (traced in common/grade/worker.py, judged in common/grade/judge.py through
+no value test can tell. What each graded callable may not call is written once, as a
+:class:`Forbidden` in its stage's ``stage.py``, and checked the same way by pytest (:func:`assert_is_kernel`) and by
+the grader's trials (traced in common/course/grade/worker.py, judged in common/course/grade/judge.py through
 :func:`forbidden_ops` and :func:`forbidden_kernels`):
 
 * aten ops, from a dispatch trace of the call (``TorchDispatchMode``; CPU and GPU alike):
@@ -84,40 +84,17 @@ class Forbidden:
 NOTHING = Forbidden()
 
 # ----------------------------------------------------------------------------- per graded callable
-#: a03: the bias kernel (add_bias, add_bias_).
-BIAS_KERNEL = Forbidden(TORCH_ARITH, ATEN_KERNELS)
-#: a03: what each FusedLinear backend may not call (its contract: "addmm" is one torch.addmm with the
-#: bias in cuBLAS's epilogue; "triton" is the GEMM x @ W^T, then the stage's add_bias_ kernel).
-#: F.linear, the baseline the stage is timed against, is refused in both.
-FUSED_LINEAR = {
-    "addmm": Forbidden(TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
-                       functions=BASELINE_FUNCTIONS),
-    "triton": Forbidden(TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
-                        functions=BASELINE_FUNCTIONS),
-}
-#: Without a bias either backend is the GEMM x @ W^T alone (no addmm, no arithmetic, no F.linear).
-FUSED_LINEAR_NO_BIAS = FUSED_LINEAR["triton"]
-#: a04 (CUDA op) and a05 (Triton): GELU as one kernel.
-GELU_KERNEL = Forbidden(TORCH_ARITH + TORCH_GELU, ATEN_KERNELS + ACT_KERNELS)
-#: a06: the matmul kernels (Triton, CUDA versions 1-7), epilogue included.
-MATMUL_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
-#: a07a: tiled attention in PyTorch (its matmuls are torch's, by design; the fused op is not).
-ATTENTION_TILED = Forbidden(TORCH_ATTENTION, ATTN_KERNELS, ATTENTION_FUNCTIONS)
-#: a07b: the Triton forward and backward kernels.
-ATTENTION_KERNEL = Forbidden(TORCH_ATTENTION + TORCH_GEMM + TORCH_SOFTMAX, ATTN_KERNELS + BLAS_KERNELS + ACT_KERNELS,
-                             ATTENTION_FUNCTIONS)
-#: a08's kernels and the engine built on them.
-DECODE_ATTENTION = Forbidden(TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
-                             ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
-LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNELS)
-#: a08 kernel 4, the decode GEMV (bias and GELU epilogue included), as the a06 matmul. Its Triton kernel
-#: must not be named like a vendor kernel ("gemv" is one of BLAS_KERNELS): gemv.py's is _matvec_kernel.
-GEMV_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
-WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + ("aten.copy",), ATEN_KERNELS)
-#: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
-#: argmax of generate, copies), so it is checked for the kernels of the work itself only.
-ENGINE = Forbidden(TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX,
-                   BLAS_KERNELS + ATTN_KERNELS + NORM_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
+# Each stage's Forbidden, what its graded callables may not call, is in its spec module
+# (solutions/aNN_name/stage.py), built from the kinds above. A name one of them defines
+# (GELU_KERNEL, MATMUL_KERNEL, ...) is importable from here too, as the tests import it.
+def __getattr__(name: str):
+    if name.isupper():
+        from common.course import stages
+        try:
+            return getattr(stages, name)
+        except AttributeError:
+            pass
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- the check

@@ -1,4 +1,4 @@
-"""Cheap host work around a kernel launch (lecture 3, "Host overhead"; ``python -m common.hostcost``).
+"""Cheap host work around a kernel launch (lecture 3, "Host overhead"; ``python -m common.course.hostcost``).
 
 At small shapes an eager call costs what the host spends on it, and a wrapper's Python can
 cost more than the launch itself. Four habits keep it small:
@@ -208,7 +208,7 @@ class Prepared:
 
     def compiled(self, *args):
         """(compiled kernel, grid) that a call with ``args`` launches without the launcher, or None (no such
-        call made yet). :mod:`common.native` records a plan's launches from it."""
+        call made yet). :mod:`common.course.native` records a plan's launches from it."""
         if not self.ready or _RT.debug != self.debug or _COMPILATION.instrumentation_mode != self.instrumentation:
             return None
         try:

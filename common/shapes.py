@@ -1,7 +1,7 @@
 """Real shapes: the GEMMs and the attention calls GPT-2 runs.
 
 One list for the stage 6 and stage 7 real-shape sweeps (``bench.py --shapes real``) and for
-the grader's speed cases (common/stages/), so what is graded is a shape that was swept.
+the grader's speed cases (each stage's stage.py), so what is graded is a shape that was swept.
 """
 from __future__ import annotations
 

@@ -166,8 +166,8 @@ def pytest_configure(config):
         borrowed()                          # a stage that does not exist: the usage error, now
     # The harness and torch as they are before any submission is imported (graded tests are checked
     # against it when they end: see _harness_untouched).
-    from common import guard
-    from common.grade.worker import _import_harness
+    from common.course import guard
+    from common.course.grade.worker import _import_harness
     _import_harness()
     config.course_guard = guard.snapshot()
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
@@ -234,7 +234,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_runtest_logstart(nodeid, location):
-    """For the grader (common/grade/run.py): the running test's id in a file, so that a test which
+    """For the grader (common/course/grade/run.py): the running test's id in a file, so that a test which
     kills the whole process (a segfault in a CUDA extension, an abort) is reported by name."""
     path = os.environ.get("COURSE_RUNNING_TEST_FILE")
     if path:
@@ -275,17 +275,17 @@ def _triton_env_kept():
 @pytest.fixture(autouse=True)
 def _harness_untouched(request):
     """A graded test fails if, by its end, torch or a harness module differs from what it was before the
-    submission was imported (common.guard: a function replaced or its code swapped, a tolerance table
+    submission was imported (common.course.guard: a function replaced or its code swapped, a tolerance table
     edited, a module replaced in sys.modules). Every graded test after such a patch fails too: the
     checks it relies on are no longer the course's."""
     yield
     if "graded" not in request.node.keywords:
         return
-    from common import guard
+    from common.course import guard
     found = guard.changed(request.config.course_guard)
     if found:
         pytest.fail(f"the submission patched the harness or torch: {', '.join(found[:6])}"
-                    f"{' ...' if len(found) > 6 else ''} (common/guard.py); no test result counts after that",
+                    f"{' ...' if len(found) > 6 else ''} (common/course/guard.py); no test result counts after that",
                     pytrace=False)
 
 

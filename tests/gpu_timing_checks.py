@@ -5,7 +5,7 @@ import torch
 
 def a08_perf_case_replays_in_a_graph():
     from common.impl import load
-    from common.stages import _a08_perf, by_key
+    from common.course.stages import _a08_perf, by_key
     from common.timing import bench_fresh
     p = _a08_perf(lambda m: load(m, "solutions"))
     t = bench_fresh(p.inputs, p.submission, p.baseline, max_calls=40)

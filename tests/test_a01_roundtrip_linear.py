@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.profiling import fake_cuda, profile, trace_ops
-from common.stages.a01 import COPY_CLASSES, copy_class, fake_copies, one_copy
+from common.course.stages import COPY_CLASSES, copy_class, fake_copies, one_copy
 
 STAGE = "a01_roundtrip_linear"
 MOD = f"{STAGE}.roundtrip_linear"
@@ -63,7 +63,7 @@ SNIPPETS = {
     "copy_into_host_float64": lambda x, h: torch.empty(h.shape, dtype=torch.float64).copy_(x),
     "non_blocking": lambda x, h: h.to(x.device, non_blocking=True).to("cpu", non_blocking=True),
 }
-if not torch.cuda.is_available() or torch.cuda.device_count() > 1:   # fake tensors on a 2nd GPU (see common.stages)
+if not torch.cuda.is_available() or torch.cuda.device_count() > 1:   # fake tensors on a 2nd GPU (see common.course.stages)
     SNIPPETS["peer_copy"] = lambda x, h: x.to("cuda:1")
     SNIPPETS["peer_copy_with_cast"] = lambda x, h: x.to("cuda:1", torch.bfloat16)
 

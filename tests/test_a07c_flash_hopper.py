@@ -10,7 +10,7 @@ bf16 inputs, S in {1, 17, 128, 1000, 4096} (no multiple of the 128-row tiles but
 check run on a CPU.
 
     python -m pytest tests/test_a07c_flash_hopper.py --impl solutions -q -rs
-    bash lectures/_tools/gpu/a07c_run.sh       # H100: build, these tests, memcheck, benchmark
+    bash solutions/a07_flash_attention/run_hopper.sh       # H100: build, these tests, memcheck, benchmark
 """
 import pytest
 import torch

@@ -56,9 +56,9 @@ _DEPENDENCIES: dict = {}
 
 
 def _dependencies(impl) -> str | None:
-    """common.stages.a08_dependencies, once per tree and borrow (each call runs a small matmul and attention)."""
+    """common.course.stages.a08_dependencies, once per tree and borrow (each call runs a small matmul and attention)."""
     from common.impl import BORROW_VAR
-    from common.stages import a08_dependencies
+    from common.course.stages import a08_dependencies
     key = (str(impl.root), os.environ.get(BORROW_VAR, ""))
     if key not in _DEPENDENCIES:
         _DEPENDENCIES[key] = a08_dependencies(impl.load)
@@ -92,7 +92,7 @@ def kv(impl):
 @pytest.fixture
 def eng(impl):
     """The engine module; a08's engine tests fail at once, saying why, while the a06 matmul or the a07
-    attention it runs on is not written (common.stages.a08_dependencies says how to borrow them)."""
+    attention it runs on is not written (common.course.stages.a08_dependencies says how to borrow them)."""
     needs = _dependencies(impl)
     if needs:
         pytest.fail(needs, pytrace=False)
@@ -798,10 +798,10 @@ def test_decode_step_uses_the_course_kernels(eng, tiny_model, seed):
 def test_decode_step_work_does_not_grow_with_the_context(impl, seed):
     """After prompts of 12-20 tokens, every GEMM of a decode step has B rows (one new token per
     sequence) and no prefill attention runs: a step that recomputes the whole context gives the same
-    logits at a cost that grows with it. The grader's check (common.stages: a08_decode_work)."""
+    logits at a cost that grows with it. The grader's check (common.course.stages: a08_decode_work)."""
     import random
 
-    from common.stages import A08_TINY, CALLS, Run, _decode_work_judge, _prompts
+    from common.course.stages import A08_TINY, CALLS, Run, _decode_work_judge, _prompts
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     prompts = _prompts(g, [rng.randint(12, 20), rng.randint(12, 20)], A08_TINY["vocab_size"])

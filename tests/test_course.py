@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.grade import junit_outcomes
+from common.course.grade import junit_outcomes
 from common.impl import REPO, resolve
 
 SKIP_PARTS = {"__pycache__", ".ipynb_checkpoints"}
@@ -28,7 +28,7 @@ def _stages() -> list[str]:
 def test_solutions_mirror_assignments_file_for_file():
     """assignments/ holds what solutions/ generates (the files with TODOs and the bindings; not the
     benches, which stay in solutions/) and the handouts, one beside each stage's solution notes."""
-    from common.make_stubs import generated
+    from common.course.make_stubs import generated
     a = _files(REPO / "assignments")
     want = {str(rel) for rel in generated()} | {f for f in _files(REPO / "solutions") if Path(f).name == "README.md"}
     assert a == want, f"only in assignments: {sorted(a - want)}; missing there: {sorted(want - a)}"
@@ -240,11 +240,11 @@ def test_cpu_self_check_hands_out_the_slowest_work_first():
 
 
 def test_every_stage_has_one_bench_that_takes_impl():
-    """`make bench STAGE=aNN` (common/bench.py): a bench in solutions/ for every stage, run on any tree."""
+    """`make bench STAGE=aNN` (common/course/bench.py): a bench in solutions/ for every stage, run on any tree."""
     import importlib
     import inspect
 
-    from common.bench import BENCHES
+    from common.course.bench import BENCHES
     assert {s[:3] for s in BENCHES} >= {s[:3] for s in _stages()}
     for stage, module in BENCHES.items():
         main = importlib.import_module(f"solutions.{module}").main

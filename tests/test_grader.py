@@ -13,7 +13,7 @@ import torch
 
 from common.impl import REPO
 
-GRADE = [sys.executable, "-m", "common.grade"]
+GRADE = [sys.executable, "-m", "common.course.grade"]
 # Each of these grades a whole tree in subprocesses (10-75 s apiece on a GPU, where timing runs):
 # a slow course self-check like the mutation checks, so it runs with --mutants (make test, CI)
 # and a plain `pytest` on a GPU machine leaves it out. The unmarked tests here are fast.
@@ -97,7 +97,7 @@ def test_unwritten_output_is_not_implemented(tmp_path):
 def test_cpu_table_has_no_timing_columns():
     """No timing anywhere (a CPU-only machine): no empty timing columns, one line saying why,
     and the table fits the width it is given (long notes cut, in full under the table)."""
-    from common.grade import StageResult, table
+    from common.course.grade import StageResult, table
     rs = [StageResult("a01_roundtrip_linear", "x", tests_passed=16, trials_passed=3, trials_total=3,
                       correctness="pass", score=10, perf_note="needs a GPU"),
           StageResult("a03_fused_linear", "y", tests_failed=82, trials_total=7, perf_note="needs a GPU",
@@ -191,7 +191,7 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
     import random
 
     from common import kernel_check
-    from common.stages import by_key
+    from common.course.stages import by_key
     from common.testing import REL_TOL
 
     def trials(key):
@@ -200,7 +200,7 @@ def test_trials_repeat_shapes_draw_fp32_gelu_and_long_k():
         names = [t.name for t in trials(key)]
         assert any("the shapes of an earlier trial again" in n for n in names), (key, names)
     # every dtype, whatever the draw: a fault in one dtype's path is not let through by the luck of a
-    # random pick (common.stages.DTYPE_CYCLE)
+    # random pick (common.course.stages.DTYPE_CYCLE)
     dtypes = {"torch.float32", "torch.bfloat16", "torch.float16"}
     for key, kernels in (("a02", ("Pretransposed",)), ("a03", ("add_bias", "FusedLinear(addmm)", "FusedLinear(triton)")),
                          ("a05", ("gelu",)), ("a08", ("decode_attention", "add_layernorm", "layernorm (no residual)", "gemv"))):
@@ -265,7 +265,7 @@ def test_json_output(tmp_path, flag):
 
 def test_plots_from_gpu_numbers(tmp_path):
     """speedup.png and roofline.png from a report's numbers (as a GPU run fills them)."""
-    from common.grade import StageResult, plots, table
+    from common.course.grade import StageResult, plots, table
     ceil = {"gbps": 3000.0, "tflops": 750.0, "source": "test"}
     rs = [StageResult("a03_fused_linear", "x", ms=0.23, baseline_ms=0.24, speedup=1.04, flops=1.6e11, bytes=2.6e8,
                       ceilings=ceil, bound="compute", roofline_fraction=0.99),
@@ -327,7 +327,7 @@ def test_batch_keeps_submissions_apart(tmp_path):
     """--submissions grades each submission in a sandbox: a submission that tries to read another one,
     list the others, or open the course's tests or another submission for writing, gets nowhere (and
     is graded as usual); without the sandbox the same code does read the other submission."""
-    from common.grade.batch import sandbox_available
+    from common.course.grade.batch import sandbox_available
     if sandbox_available():
         pytest.skip(sandbox_available())
     subs = tmp_path / "subs"
@@ -390,7 +390,7 @@ def test_a08_trials_pass_the_solution_and_fail_the_stubs(tmp_path):
 
 def _a08_tiny_case(device, dtype, tol):
     from common.impl import load
-    from common.stages import a08_decode_case
+    from common.course.stages import a08_decode_case
     cfg = dict(vocab_size=257, n_positions=64, n_embd=64, n_layer=2, n_head=2, initializer_range=0.3)
     return a08_decode_case(lambda m: load(m, "solutions"), cfg, batch=2, ctx=9, dtype=dtype, device=device, tol=tol)
 
@@ -456,9 +456,9 @@ def test_speed_score_is_the_geometric_mean_over_shapes():
     the ratio of the summed times; the per-shape numbers stay in the result (``cases``)."""
     import math
 
-    from common.grade.score import PERF_POINTS, combined_speedup, score
-    from common.grade.judge import summarize
-    from common.grade.result import WorkerResult
+    from common.course.grade.score import PERF_POINTS, combined_speedup, score
+    from common.course.grade.judge import summarize
+    from common.course.grade.result import WorkerResult
     ceil = {"gbps": 3000.0, "tflops": 750.0, "source": "test"}
 
     def case(label, ms, base):
@@ -483,9 +483,9 @@ def test_speed_score_is_the_geometric_mean_over_shapes():
     assert back.cases == got["cases"] and back.speedup == pytest.approx(want)
     from dataclasses import fields
 
-    from common.grade import StageResult
+    from common.course.grade import StageResult
     assert {f.name for f in fields(WorkerResult)} <= {f.name for f in fields(StageResult)}
-    from common.grade import gradescope
+    from common.course.grade import gradescope
     r = StageResult("a06_matmul", "x", baseline="torch.matmul (cuBLAS)", score=s.score, max_score=s.max_score,
                     ceilings=ceil, perf_target=0.8, **got)
     out = gradescope([r], 1.0)["tests"][0]["output"]
@@ -500,7 +500,7 @@ def test_graded_speed_shapes_are_swept_by_the_benches():
     each at a GPT-2 shape and an unaligned one; the GELU stages at two shapes, one of odd size."""
     import math
 
-    from common import stages
+    from common.course import stages
     from solutions.a06_matmul.bench import real_shapes
     from solutions.a07_flash_attention.bench import real_configs
     swept = {(m, k, n) for _, _, m, k, n, dtypes in real_shapes() if torch.bfloat16 in dtypes}
@@ -532,7 +532,7 @@ def test_stage_8_says_what_it_runs_on_and_borrows(tmp_path):
 
 
 def test_borrowed_stages_are_named_in_the_report():
-    from common.grade import StageResult, gradescope, table
+    from common.course.grade import StageResult, gradescope, table
     r = StageResult("a08_gpt2_inference", "x", tests_passed=3, trials_passed=14, trials_total=14, correctness="pass",
                     score=10, borrowed=["a06", "a07"])
     assert "ran on a06, a07 borrowed from solutions/" in table([r], "sub", "none", width=200)
@@ -544,9 +544,9 @@ def test_judge_tells_a_partly_written_output_from_an_unwritten_one():
     implemented yet" (never written); partly, how many and where to look (the grid and the mask)."""
     import random
 
-    from common.grade.judge import _judge
-    from common.grade.result import WorkerResult
-    from common.stages import by_key
+    from common.course.grade.judge import _judge
+    from common.course.grade.result import WorkerResult
+    from common.course.stages import by_key
     stage = by_key("a05")
     trials = stage.trials(random.Random(3))[:2]
     outs = []

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import common
-from common.grade import judge
-from common.grade.result import WorkerResult
-from common.grade.score import FAIL, PASS
-from common.stages import by_key
+from common.course.grade import judge
+from common.course.grade.result import WorkerResult
+from common.course.grade.score import FAIL, PASS
+from common.course.stages import by_key
 from common.timing import unjoined_difference
 
 
@@ -85,8 +85,8 @@ def test_the_inputs_carry_no_answer(tmp_path, key):
     searches its process (gc, frames, module globals) finds no answer; the judge keeps the references."""
     import random
 
-    from common.grade.worker import TRIALS
-    from common.stages import tensors
+    from common.course.grade.worker import TRIALS
+    from common.course.stages import tensors
     trials = by_key(key).trials(random.Random(5))
     torch.save({"trials": [{"name": t.name, "call": t.call, "args": t.args} for t in trials]}, tmp_path / TRIALS)
     loaded = torch.load(tmp_path / TRIALS, weights_only=True)["trials"]

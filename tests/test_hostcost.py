@@ -1,4 +1,4 @@
-"""The host-cost bench (common.hostcost) and the launch helpers (common.launch) on a CPU (not graded).
+"""The host-cost bench (common.course.hostcost) and the launch helpers (common.launch) on a CPU (not graded).
 
 The numbers are the GPU's (lectures/_tools/gpu/hostcost_run.sh); here: the helpers compute what Triton's do,
 plain_eager sends every traced, fake or differentiable call through the registered op, and the bench's
@@ -11,7 +11,7 @@ import torch
 import triton
 
 import common
-from common import hostcost
+from common.course import hostcost
 from common.impl import Impl
 from common.launch import cdiv, next_power_of_2, plain_eager
 from common.profiling import trace_ops

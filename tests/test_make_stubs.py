@@ -1,15 +1,15 @@
-"""The stubs in assignments/ are generated from solutions/ (common/make_stubs.py); not graded, CPU, fast."""
+"""The stubs in assignments/ are generated from solutions/ (common/course/make_stubs.py); not graded, CPU, fast."""
 from __future__ import annotations
 
 import pytest
 
-from common.make_stubs import MarkerError, differences, stub_text
+from common.course.make_stubs import MarkerError, differences, stub_text
 
 
 def test_committed_assignments_are_what_solutions_generate():
-    """Byte for byte: edit solutions/ and run `python -m common.make_stubs`, never assignments/ by hand."""
+    """Byte for byte: edit solutions/ and run `python -m common.course.make_stubs`, never assignments/ by hand."""
     diff = differences()
-    assert not diff, ("assignments/ differs from what solutions/ generates (run python -m common.make_stubs): "
+    assert not diff, ("assignments/ differs from what solutions/ generates (run python -m common.course.make_stubs): "
                       + "; ".join(diff))
 
 
@@ -89,9 +89,9 @@ def test_stub_text_rejects_broken_markers(text, message):
 
 
 def test_only_files_with_work_and_bindings_are_generated(tmp_path):
-    """A file with no TODO stays in solutions/ (benches run there, on any tree: common.bench), unless
+    """A file with no TODO stays in solutions/ (benches run there, on any tree: common.course.bench), unless
     the stubs need it: __init__.py, binding.cpp, the loader that builds the stage's CUDA sources."""
-    from common.make_stubs import generated
+    from common.course.make_stubs import generated
     stage = tmp_path / "a09_x"
     stage.mkdir()
     (stage / "__init__.py").write_text("")
@@ -107,7 +107,7 @@ def test_only_files_with_work_and_bindings_are_generated(tmp_path):
 def test_assignments_hold_no_file_without_a_todo_but_bindings():
     """A file in assignments/ has a TODO, is a binding or loader, or is a given module another one
     imports from its stage (stage 8's sampling.py: the engine stub must import)."""
-    from common.make_stubs import BINDINGS, LOADER, RELATIVE, START, TARGET
+    from common.course.make_stubs import BINDINGS, LOADER, RELATIVE, START, TARGET
     files = [p for p in sorted(TARGET.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
     imported = {p.parent / f"{name}.py" for p in files if p.suffix == ".py" for name in RELATIVE.findall(p.read_text())}
     idle = [str(p.relative_to(TARGET)) for p in files

@@ -1,7 +1,7 @@
 """Mutation checks (not graded): every buggy variant of a solution (tests/mutants/)
 must fail at least one graded test of its stage, and a variant that names ``grader=``
 (cheats, precision faults: tests/mutants/cheat.py, precision.py) must also be rejected by
-the grader alone (``python -m common.grade --no-tests``: its trials, no tests), since the
+the grader alone (``python -m common.course.grade --no-tests``: its trials, no tests), since the
 grader may never accept what the tests reject. Slow: marked ``mutants``, so they run only
 with ``--mutants`` (make test and CI pass it; a plain ``pytest`` on a GPU machine skips
 them). Runs with ``--impl solutions``, like the stub check; the mutants are graded in worker
@@ -115,7 +115,7 @@ def test_mutant_is_caught(mutant, outcomes):
 def grader_outcomes(request, tmp_path_factory):
     """Every chosen mutant graded by the grader alone (its trials, no tests), WORKERS judge processes
     sharing one list (tests/mutants/grade.py: one judge imports torch and triton once for many mutants;
-    the submission runs in the judge's worker processes, as in ``common.grade --no-tests``)."""
+    the submission runs in the judge's worker processes, as in ``common.course.grade --no-tests``)."""
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
     ids = [m.id for m in GRADER_MUTANTS if m.id in _chosen(request, "gmutant") and (HAS_CUDA or not m.gpu)]
@@ -144,8 +144,8 @@ def test_zygote_workers_pass_crash_and_time_out_as_processes_do(tmp_path):
     at import, aborts (a signal) or hangs past the time limit gets the judge's verdict of a new process."""
     import shutil
 
-    from common.grade import judge
-    from common.stages import by_key
+    from common.course.grade import judge
+    from common.course.stages import by_key
     from mutants.zygote import forked_workers
     sub = tmp_path / "sub"
     shutil.copytree(REPO / "solutions", sub, ignore=shutil.ignore_patterns("__pycache__"))

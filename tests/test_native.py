@@ -1,4 +1,4 @@
-"""Native autograd (common.native): flash attention's forward and backward replayed from C++ (not graded).
+"""Native autograd (common.course.native): flash attention's forward and backward replayed from C++ (not graded).
 
 On a GPU, once a key's backward has run from Python, stage 7's ``flash_attention`` replays that key's
 launches from C++ (a torch::autograd::Function: no Python in the backward pass). These check that the
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common import HAS_CUDA, native
+from common import HAS_CUDA
+from common.course import native
 from common.impl import Impl
 
 FT = Impl.get("solutions").load("a07_flash_attention.flash_triton")

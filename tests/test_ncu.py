@@ -1,4 +1,4 @@
-"""python -m common.ncu (not graded): the raw-page parser on a recorded CSV, the report, and the
+"""python -m common.course.ncu (not graded): the raw-page parser on a recorded CSV, the report, and the
 front end's messages, all on a CPU. tests/data/ncu_raw_a05.csv is laid out as
 ``ncu --import REPORT --csv --page raw`` prints it: a header (launch columns, then one column per
 metric, alphabetical), a row of units (empty under the launch columns), one row per kernel
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from common import HAS_CUDA, ncu
+from common import HAS_CUDA
+from common.course import ncu
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "tests" / "data" / "ncu_raw_a05.csv"
@@ -107,12 +108,12 @@ def test_summarize_weights_percentages_by_time_and_sums_bytes():
 # ----------------------------------------------------------------------------- the front end
 def _cli(*args, **env) -> subprocess.CompletedProcess:
     e = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-m", "common.ncu", *args], cwd=REPO, env=e, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "common.course.ncu", *args], cwd=REPO, env=e, capture_output=True,
                           text=True, timeout=120)
 
 
 def _front_end(monkeypatch, capsys, *args, **env) -> tuple[int, str]:
-    """``python -m common.ncu ARGS`` with ``env`` (its front end, main(), in this process: what it answers before
+    """``python -m common.course.ncu ARGS`` with ``env`` (its front end, main(), in this process: what it answers before
     any profiling needs no process of its own): (exit code, stderr)."""
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -199,7 +200,7 @@ def test_front_end_runs_ncu_twice_and_prints_the_report(tmp_path, monkeypatch, c
     for c in runs:
         assert c[c.index("--profile-from-start") + 1] == "off" and c[c.index("--set") + 1] == "basic"
         assert "gmma" not in c[c.index("--metrics") + 1] and "dram__bytes.sum.per_second" in c[c.index("--metrics") + 1]
-        assert c[c.index(sys.executable):][:5] == [sys.executable, "-m", "common.ncu", "--child", "a05"]
+        assert c[c.index(sys.executable):][:5] == [sys.executable, "-m", "common.course.ncu", "--child", "a05"]
     imports = [c for c in calls if "--import" in c]
     assert len(imports) == 2 and all(c[-3:] == ["--csv", "--page", "raw"] for c in imports)
 

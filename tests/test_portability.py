@@ -3,7 +3,7 @@
     python -m pytest tests/test_portability.py --impl solutions         # CPU is enough
     COURSE_PORTABILITY=full python -m pytest tests/test_portability.py --impl solutions   # + sm_75, fp16, ...
 
-Triton compiles for a GPU that is not there (``common.portability``: ``triton.compile`` with an
+Triton compiles for a GPU that is not there (``common.course.portability``: ``triton.compile`` with an
 explicit ``GPUTarget``, the ptxas Triton bundles, no driver). Every launch of stages 3, 5, 6, 7 and 8
 is compiled the way its launcher makes it on each family of ``common.gpu.ARCHS`` (sm_90 H100/H200,
 sm_80 A100, sm_86 RTX 30xx, sm_89 RTX 40xx, sm_75 T4): the dtypes and constexprs it is launched
@@ -37,10 +37,10 @@ VERIFY = int(os.environ.get("COURSE_PORTABILITY_VERIFY", "2"))
 @pytest.fixture(scope="module")
 def compiled(impl, tmp_path_factory):
     """(results per arch, the command's summary line and mismatches, seconds): every launch of ``impl``
-    cross-compiled (common.portability, in a process with the Triton interpreter off)."""
+    cross-compiled (common.course.portability, in a process with the Triton interpreter off)."""
     pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("portability") / "results.json"
-    cmd = [sys.executable, "-m", "common.portability", "--impl", str(impl.root), "--json", str(out), "-q",
+    cmd = [sys.executable, "-m", "common.course.portability", "--impl", str(impl.root), "--json", str(out), "-q",
            "--verify", str(VERIFY), "--jobs", str(min(4, os.cpu_count() or 1))] + (["--full"] if FULL else [])
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True,
@@ -77,7 +77,7 @@ def test_facts_file_says_what_the_compiler_says(compiled):
     _, stdout, _ = compiled
     bad = [ln for ln in stdout.splitlines() if ln.strip().startswith("MISMATCH")]
     assert not bad, ("tests/data/portability_facts.json disagrees with the compiler; refresh it with "
-                     "python -m common.portability --update (and --full --update):\n" + "\n".join(bad))
+                     "python -m common.course.portability --update (and --full --update):\n" + "\n".join(bad))
 
 
 @pytest.mark.given
@@ -162,7 +162,7 @@ def test_cuda_versions_each_gpu_runs_and_why_not(impl, monkeypatch, name, cap, v
     refusal that names what the version needs and the GPU found (a GPU faked on the CPU)."""
     import torch
 
-    from common import stages
+    from common.course import stages
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)

@@ -18,7 +18,7 @@ x / inf = -0, the right limit; there is no cancellation in 1 + tanh(u).
 Registered with ``torch.library.custom_op`` plus a fake implementation, so the op is
 one opaque node for ``torch.compile`` (no graph break); an eager call on a plain tensor skips
 the dispatcher and runs the op's body (``gelu``). Run:
-``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m common.bench a05``.
+``pytest tests/test_a05_triton_gelu.py``, bench: ``python -m common.course.bench a05``.
 """
 from __future__ import annotations
 

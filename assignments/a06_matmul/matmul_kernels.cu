@@ -13,7 +13,7 @@
 // Check without a GPU:
 //     python -c "from common.cuda_ext import compile_check; compile_check(['assignments/a06_matmul/matmul_kernels.cu'])"
 // Time every version against cuBLAS:
-//     python -m common.bench a06
+//     python -m common.course.bench a06
 //
 // The launcher at the bottom (launch_matmul) is plain C++: pointers, sizes, a stream.
 #include <cuda_bf16.h>

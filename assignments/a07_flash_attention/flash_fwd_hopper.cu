@@ -56,7 +56,7 @@
 // (168 registers at launch, 0 spills, for d = 64/128, causal or not; the comparison builds:
 // -DA07C_NO_PINGPONG without the schedule, -DA07C_NO_OVERLAP without the intra-warpgroup overlap)
 // Run on an H100 (builds through common.cuda_ext.load_op, then tests, memcheck and benchmark):
-//   bash lectures/_tools/gpu/a07c_run.sh
+//   bash run_hopper.sh, in this stage's folder of solutions/
 //   o, lse = flash_attention_hopper(q, k, v, causal=True)   # assignments.a07_flash_attention.flash_hopper
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver call is looked up at run time)
 #include <cuda_bf16.h>

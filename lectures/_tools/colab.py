@@ -7,7 +7,7 @@ The repository URL is in ONE place, README.md's ``COURSE_REPOSITORY = "..."`` li
 until the course is published): change it there and run ``--write``; ``tests/test_colab.py`` fails
 while a notebook's badge or cell does not follow it. Each notebook gets, with fixed cell ids, a
 markdown cell first (the badge, linking to the notebook on GitHub through Colab) and a code cell
-before its first code cell (on Colab only: clone, ``common.colab.setup``; elsewhere nothing). Other
+before its first code cell (on Colab only: clone, ``common.course.colab.setup``; elsewhere nothing). Other
 cells, their ids and the notebook metadata are left as they are; outputs stay stripped. Uses only
 the json module.
 """
@@ -45,7 +45,7 @@ def badge_cell(repo: str, notebook: str) -> dict:
 
 
 SETUP = '''# Google Colab only (nothing happens elsewhere): clone the course, install it beside Colab's own
-# torch and work from its lectures/ folder (common/colab.py). Written by lectures/_tools/colab.py.
+# torch and work from its lectures/ folder (common/course/colab.py). Written by lectures/_tools/colab.py.
 import sys
 
 if "google.colab" in sys.modules:
@@ -58,7 +58,7 @@ if "google.colab" in sys.modules:
         url = os.environ.get("COURSE_REPO_URL", "{repo}")
         subprocess.run(["git", "clone", "--depth", "1", url, str(COURSE)], check=True)
     sys.path.insert(0, str(COURSE))
-    from common.colab import setup
+    from common.course.colab import setup
 
     setup(COURSE)
 '''

@@ -3,7 +3,7 @@ baseline's time and the speedup in each, and how much they moved.
 
     python lectures/_tools/compare_grades.py before.json after.json [--labels before after]
 
-Both are ``python -m common.grade --json-out`` reports of the same implementation (for example the
+Both are ``python -m common.course.grade --json-out`` reports of the same implementation (for example the
 grader before and after a change of its timing). Prints a markdown table; the last line says the
 largest change of a speedup.
 """

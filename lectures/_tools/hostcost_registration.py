@@ -24,7 +24,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from common import DEVICE, HAS_CUDA  # noqa: E402
-from common.hostcost import eager_us, stub_launches  # noqa: E402
+from common.course.hostcost import eager_us, stub_launches  # noqa: E402
 from common.launch import cdiv, plain_eager  # noqa: E402
 
 

@@ -281,7 +281,7 @@ def decode_row() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the eager column
-#: Which cases of hostcost.csv (``python -m common.hostcost``) each row's eager column shows, with a short label.
+#: Which cases of hostcost.csv (``python -m common.course.hostcost``) each row's eager column shows, with a short label.
 EAGER = {"1-3": [("a03_add_bias", "`add_bias`"), ("a03_linear_addmm", "`FusedLinear`"),
                  ("a03_linear_triton", "`FusedLinear` (triton)")],
          "4-5": [("a04_gelu", "CUDA op"), ("a05_gelu", "Triton op")],
@@ -296,7 +296,7 @@ def eager_cell(stage: str) -> str:
     its ratio to the PyTorch op, then the floor (the larger of 1.5x PyTorch and 1.5x a bare Triton launch per
     kernel); the real-shape attention row: the training step against SDPA (floor 0.8x)."""
     if not (RESULTS / "hostcost.csv").exists():
-        return "not measured yet (`python -m common.hostcost`)"
+        return "not measured yet (`python -m common.course.hostcost`)"
     rows = {r["key"]: r for r in _rows("hostcost.csv")}
     if stage.startswith("8 decode"):
         return "-"

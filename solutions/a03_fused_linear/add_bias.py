@@ -6,7 +6,7 @@ loaded once per program and broadcast down the rows, so b is read from memory
 M / BLOCK_M times instead of M times, and y is read once and written once:
 the op moves about 2·M·N·itemsize bytes, the floor for it.
 
-Run the benchmark:  python -m common.bench a03
+Run the benchmark:  python -m common.course.bench a03
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ contiguous [in, out] copy of W^T (the operand-layout lesson), and F.linear, and
 profiles each for host transfers and kernels per call.
 
     python -m solutions.a03_fused_linear.bench                  # the reference solutions
-    python -m common.bench a03                # your work
+    python -m common.course.bench a03                # your work
     python -m solutions.a03_fused_linear.bench --out lectures/results   # also write .md/.csv
     python -m solutions.a03_fused_linear.bench --impl path/to/submission
 

@@ -3,7 +3,7 @@
     python -m solutions.a04_cuda_gelu.bench                  # all sizes, fp32 + bf16
     python -m solutions.a04_cuda_gelu.bench --quick          # 2^20, 2^24, 2^26 only
     python -m solutions.a04_cuda_gelu.bench --out DIR        # where the table/CSV/PNG go
-    python -m common.bench a04                # your work (same options)
+    python -m common.course.bench a04                # your work (same options)
     python -m solutions.a04_cuda_gelu.bench --impl path/to/submission
 
 Benchmarks one impl's ops (``--impl``; default: the tree this command was run from)

@@ -2,7 +2,7 @@
 
     python -m solutions.a06_matmul.bench            # full run on a GPU (~4 minutes)
     python -m solutions.a06_matmul.bench --quick    # fewer sizes
-    python -m common.bench a06 --out /tmp/mine
+    python -m common.course.bench a06 --out /tmp/mine
     python -m solutions.a06_matmul.bench --impl path/to/submission
     python -m solutions.a06_matmul.bench --shapes real   # the GEMMs GPT-2 runs (~3-4 minutes)
 
@@ -17,7 +17,7 @@ odd token counts; unaligned cubes), bf16 and, for a subset, fp32 with TF32 again
 Triton, CUDA v7 (Hopper, K and N multiples of 8) and cuBLAS in the same run, and writes
 ``a06_matmul_real_shapes.md`` (per-shape ratios to cuBLAS, the minimum and geometric mean per
 implementation, the floors), ``a06_matmul_real_shapes.csv`` and ``a06_matmul_real_shapes.png``.
-The grader's speed case for this stage is three of these shapes (common/stages/a06.py).
+The grader's speed case for this stage is three of these shapes (stage.py).
 
 Timing: common.timing.bench (CUDA events through triton.testing.do_bench, median, L2
 flushed before every run), after a warm-up call; each kernel's output is checked against

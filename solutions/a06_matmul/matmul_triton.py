@@ -23,7 +23,7 @@ each measured in EXPERIMENTS.md (a06_try):
     C^T = B^T A^T instead, with b in wgmma's register operand (SWAP_AB).
 Under the Triton interpreter (CPU, ``import common``) a single small config is used.
 
-Bench: ``python -m common.bench a06`` (H100 numbers in lectures/results/a06_matmul.md).
+Bench: ``python -m common.course.bench a06`` (H100 numbers in lectures/results/a06_matmul.md).
 """
 from __future__ import annotations
 

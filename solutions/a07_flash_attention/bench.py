@@ -4,7 +4,7 @@
     python -m solutions.a07_flash_attention.bench --sweep    # per-config kernel times at S=4096
     python -m solutions.a07_flash_attention.bench --quick    # S = 1k, 4k only, no plots
     python -m solutions.a07_flash_attention.bench --tune     # S = 4096, Triton autotuned (launch_options(tune=True))
-    python -m common.bench a07          # your work (same options)
+    python -m common.course.bench a07          # your work (same options)
     python -m solutions.a07_flash_attention.bench --impl path/to/submission
     python -m solutions.a07_flash_attention.bench --shapes real --out DIR   # real-shape sweep vs SDPA (~2 min)
 
@@ -26,7 +26,7 @@ CUDA graph replay (the GPU's time: at S = 512 a forward is short enough that the
 work for Triton's kernels is a share of it; eager timing let it show in some runs). Writes
 a07_real_shapes.{md,csv,png}: the ratio to SDPA per shape, its minimum and geometric mean per
 pass, and the floors (forward >= 0.9x, forward+backward >= 0.8x). The grader's speed case for
-this stage is three of these shapes (common/stages/a07.py).
+this stage is three of these shapes (stage.py).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ and warp-specialised producer/consumer warpgroups (FlashAttention-3's design). G
     from solutions.a07_flash_attention.flash_hopper import flash_attention_hopper
     o, lse = flash_attention_hopper(q, k, v, causal=True)   # q, k, v [B, H, S, d] bf16 on an H100
 
-    bash lectures/_tools/gpu/a07c_run.sh          # H100: build, tests, memcheck, TFLOP/s vs SDPA
+    bash run_hopper.sh (this stage's folder of solutions/)   # H100: build, tests, memcheck, TFLOP/s vs SDPA
 
 The extension is built on the first call (about a minute; sm_90a target), never at import, and
 cached (common.cuda_ext.load_op). Forward only: no autograd (the backward is stage 7b's).

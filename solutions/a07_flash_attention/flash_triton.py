@@ -21,7 +21,7 @@ extra matmuls per tile (it recomputes S and dP) and gets exclusive, deterministi
 writes. See the handout (README.md) for the arithmetic.
 
     python -m pytest tests/test_a07_flash_attention.py -k triton    # CPU: interpreter; GPU: also larger sizes
-    python -m common.bench a07                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
+    python -m common.course.bench a07                 # H100: TFLOP/s vs SDPA (--impl solutions: the reference)
 
 Block sizes: a table per head dim (CONFIGS below) from a sweep on the H100 (`bench.py --sweep`),
 and for 16-bit d = 128 a choice per length (HALF_D128, from the real-shape sweep); on a GPU with
@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from common import TRITON_INTERPRET, native
+from common import TRITON_INTERPRET
+from common.course import native
 from common.checks import FLOAT_DTYPES, check_same, check_tensor, meta
 from common.launch import cdiv, fast
 from common.timing import compile_together
@@ -392,7 +393,7 @@ _options = [LaunchOptions()]   # a stack; only launch_options changes it (backwa
 def launch_options(**options):
     """``with launch_options(tune=True):`` / ``(fwd={...})`` / ``(poison=True)``: the calls inside
     launch that way (``LaunchOptions``), backward passes included; as before after the block. (The
-    backward of a forward replayed from C++ before the block, common.native, replays as it was recorded.)"""
+    backward of a forward replayed from C++ before the block, common.course.native, replays as it was recorded.)"""
     _options.append(LaunchOptions(**options))
     try:
         yield _options[-1]
@@ -415,7 +416,7 @@ def smaller_configs(cfg: dict) -> Iterator[dict]:
     fit (Triton's OutOfResources at the launch): the same tiles with one stage fewer, down to two; then
     the larger tile side halved (at most 4 warps and 2 stages from there), down to 16 x 16, and that
     with one stage. On the H100 every 16-bit config of the tables fits as it is; tests/test_portability.py
-    compiles what each GPU family ends up with (common.portability)."""
+    compiles what each GPU family ends up with (common.course.portability)."""
     bm, bn, w, s = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
     while True:
         last = max(bm, bn) <= 16
@@ -692,7 +693,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     return dq, dk, dv
 
 
-#: Native plans (common.native) by forward key (meta(q), meta(k), meta(v), is_causal): once a key's backward
+#: Native plans (common.course.native) by forward key (meta(q), meta(k), meta(v), is_causal): once a key's backward
 #: has run from Python (every kernel compiled), its forward and backward replay from C++, so a training step
 #: runs no Python in the backward pass (lecture 3, "Host overhead"). -1: a key that cannot have one.
 _NATIVE: dict[tuple, int] = {}
@@ -755,7 +756,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     except AttributeError:      # not tensors: attention_forward's checks say what is wrong
         grad = False
     if grad:
-        if _NATIVE:        # this key's native plan, past its first backward (common.native; lecture 3, §7)
+        if _NATIVE:        # this key's native plan, past its first backward (common.course.native; lecture 3, §7)
             try:
                 key = (meta(q), meta(k), meta(v), bool(is_causal))
                 pid = _NATIVE.get(key, -1)

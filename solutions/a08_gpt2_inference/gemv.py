@@ -43,7 +43,7 @@ host sync, nothing that depends on values, so a decode step that calls it can be
 CUDA graph. Programmatic dependent launch (``pdl=True``, sm_90+): see :data:`PDL_NOTES`.
 
 Run: ``pytest tests/test_a08_gpt2_inference.py -k gemv``; bandwidth on a GPU:
-``python -m common.bench a08 --gemv``.
+``python -m common.course.bench a08 --gemv``.
 """
 from __future__ import annotations
 
@@ -413,7 +413,7 @@ MIN_SLICES = 1
 def dot_stage_bytes(bn: int, bk: int, size: int) -> int:
     """Shared memory one pipeline stage of the tl.dot path takes, as Triton 3.6 allocates it (W's [bn, bk]
     tile and x's [16, bk], elements of ``size`` bytes), with room for its barriers: 6 stages of 64 columns
-    of bf16 ask 124 KB on sm_90 (cross-compiled: common.portability)."""
+    of bf16 ask 124 KB on sm_90 (cross-compiled: common.course.portability)."""
     return (bn + 16) * bk * size + 512
 
 

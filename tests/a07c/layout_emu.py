@@ -17,7 +17,7 @@ from the tensor maps to the epilogue, with the kernel's own host code and shared
    online softmax, P packing, epilogue; O and L against a float64 reference.
 
 It cannot see what only the GPU decides (timing, the hardware's real layouts if the PTX ISA's
-description were wrong): lectures/_tools/gpu/a07c_run.sh is the check for those.
+description were wrong): solutions/a07_flash_attention/run_hopper.sh is the check for those.
 
     python tests/a07c/layout_emu.py [--quick]
 """

@@ -22,7 +22,7 @@ class Mutant:
     edits: list[tuple[str, str]] = field(default_factory=list)
     gpu: bool = False          # only a GPU run can catch it (CUDA kernels, profiler)
     expect: tuple[str, ...] = ()   # substrings the first failure's message must contain
-    #: None: checked with the graded tests only. A tuple: the grader alone (``common.grade --no-tests``,
+    #: None: checked with the graded tests only. A tuple: the grader alone (``common.course.grade --no-tests``,
     #: its trials) must reject it too, and its report (violations and message) must contain these.
     grader: tuple[str, ...] | None = None
     #: The test file (in tests/) whose graded tests must catch it; None: test_<stage>.py.

@@ -2,7 +2,7 @@
 where stage 7a asks for one tile at a time, outputs memoised per shape. Their numbers are
 (nearly) right, so value tests alone pass them: each must be caught by the graded tests
 (common.kernel_check's "is a kernel" check, the 7a memory check, a repeated shape) AND by the
-grader alone (``python -m common.grade --no-tests``: ``grader=`` lists what its report says).
+grader alone (``python -m common.course.grade --no-tests``: ``grader=`` lists what its report says).
 
 The answer looked up where the process holds it: a GELU that searches the garbage collector's
 objects, the callers' frames and every module's globals for a float64 tensor of x's shape whose values

@@ -1,6 +1,6 @@
 """The grader alone on mutants, in one process: ``python -m mutants.grade OUT.json [--claims DIR] ID [ID ...]``
 (tests/ on sys.path). For each mutant: copy solutions/, apply its edits, and grade its stage with the
-grader's trials only, as ``python -m common.grade --no-tests`` does (common.grade.judge.run_stage: the
+grader's trials only, as ``python -m common.course.grade --no-tests`` does (common.course.grade.judge.run_stage: the
 judge in this process, the submission in its worker processes), then score it. One judge process
 grades many mutants, so torch, triton and transformers are imported once, not once per mutant; on a
 CPU its workers are forked from a process that imported them once too (mutants/zygote.py).
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from common import HAS_CUDA
-from common.grade.judge import run_stage
-from common.grade.score import score
-from common.stages import by_key
+from common.course.grade.judge import run_stage
+from common.course.grade.score import score
+from common.course.stages import by_key
 from mutants import all_mutants
 from mutants.run import _claim, apply
 from mutants.zygote import forked_workers

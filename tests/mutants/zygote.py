@@ -1,11 +1,11 @@
 """Grader workers forked from one process that imported torch, triton and the harness once (CPU only).
 
-``python -m mutants.grade`` grades each mutant with the grader alone (common.grade.judge.run_stage), whose
-worker, ``python -m common.grade.worker``, is a fresh process per mutant: 4 s of imports (torch, its
+``python -m mutants.grade`` grades each mutant with the grader alone (common.course.grade.judge.run_stage), whose
+worker, ``python -m common.course.grade.worker``, is a fresh process per mutant: 4 s of imports (torch, its
 dynamo, triton, the harness; transformers for stage 8) before and while it runs the trials, most of what
 a mutant of the quick stages costs. Here a *zygote* process makes those imports once, runs no torch op
 (no thread pool to inherit) and,
-for each worker the judge starts, forks a child that runs ``common.grade.worker`` as ``python -m`` would
+for each worker the judge starts, forks a child that runs ``common.course.grade.worker`` as ``python -m`` would
 (``runpy``, the same argv, working directory and environment: the judge's, and a worker started after
 the judge changed it beyond SET_BY_TORCH is a new process; stdin /dev/null; stdout and stderr
 captured; fresh seeds for ``random`` and NumPy, as a new process has), under the same time limit (the
@@ -29,14 +29,14 @@ import time
 
 from common.impl import REPO
 
-WORKER = [sys.executable, "-m", "common.grade.worker"]
+WORKER = [sys.executable, "-m", "common.course.grade.worker"]
 #: What torch sets in the judge's environment as it runs (inductor's cache folder, the one a worker uses
 #: anyway): a worker forked after it appears still gets the judge's environment as it is then.
 SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 
 
 class Zygote:
-    """``run`` has subprocess.run's signature as common.grade.judge calls it (judge.RUN_WORKER)."""
+    """``run`` has subprocess.run's signature as common.course.grade.judge calls it (judge.RUN_WORKER)."""
 
     def __init__(self) -> None:
         self.env = dict(os.environ)    # the judge's, which its workers inherit (forked: while it is the same)
@@ -78,10 +78,10 @@ class Zygote:
 
 @contextlib.contextmanager
 def forked_workers():
-    """Inside: common.grade.judge runs its workers through a Zygote (yielded; None on a GPU machine, where
+    """Inside: common.course.grade.judge runs its workers through a Zygote (yielded; None on a GPU machine, where
     they stay new processes); after: as the grader does."""
     from common import HAS_CUDA
-    from common.grade import judge
+    from common.course.grade import judge
     zygote = None if HAS_CUDA else Zygote()
     if zygote is not None:
         judge.RUN_WORKER = zygote.run
@@ -94,7 +94,7 @@ def forked_workers():
 
 
 def _child(req: dict, out: int, err: int) -> None:
-    """In the forked child: run the worker as ``python -m common.grade.worker ARGV`` would; never returns."""
+    """In the forked child: run the worker as ``python -m common.course.grade.worker ARGV`` would; never returns."""
     code = 1
     try:
         null = os.open(os.devnull, os.O_RDONLY)
@@ -112,7 +112,7 @@ def _child(req: dict, out: int, err: int) -> None:
         import runpy
         sys.argv = ["-m", *req["argv"]]                 # run_module sets argv[0] to the module's file, as -m does
         try:
-            runpy.run_module("common.grade.worker", run_name="__main__", alter_sys=True)
+            runpy.run_module("common.course.grade.worker", run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:                        # what the interpreter does with it
             if e.code is None or isinstance(e.code, int):
@@ -152,7 +152,7 @@ def serve() -> None:
     import tempfile
 
     import common
-    from common.grade.worker import _import_harness
+    from common.course.grade.worker import _import_harness
     _import_harness()
     # what the workers import anyway, once they run (no threads started, no op run): torch's dynamo (its
     # FakeTensorMode, custom ops, deterministic mode: every stage), transformers' GPT-2 (stage 8's trials)

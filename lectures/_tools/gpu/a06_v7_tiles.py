@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from common.impl import load  # noqa: E402
+from common.impl import add_impl_argument, load  # noqa: E402
 from common.testing import rel_error  # noqa: E402
 from common.timing import bench_graph, geomean  # noqa: E402
 from solutions.a06_matmul.bench import real_shapes  # noqa: E402
@@ -31,7 +31,7 @@ TOL = 2e-2
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/a06_v7_tiles")
-    ap.add_argument("--impl", default="solutions")
+    add_impl_argument(ap, default="solutions")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -79,12 +79,12 @@ def profile(case: str) -> None:
 
 
 def summary(folder: Path) -> str:
-    """One line per kernel from the raw CSVs (read by common.ncu.parse_raw_csv). "tensor % elapsed" is
+    """One line per kernel from the raw CSVs (read by common.course.ncu.parse_raw_csv). "tensor % elapsed" is
     the tensor pipe's busy share of the kernel's whole duration on an average SM; "tensor % active"
     the same over the cycles that SM had work; "SM busy %" = SM active cycles / elapsed cycles (what
     idle SMs, e.g. a part-full last wave, cost). Stalls: warp-cycles per issued instruction, the three
     largest reasons."""
-    from common.ncu import parse_raw_csv
+    from common.course.ncu import parse_raw_csv
     lines = ["| case | kernel | time us | tensor % elapsed | tensor % active | SM busy % | issue % | grid | block "
              "| regs | warps/SM % | top stalls (cycles per instruction) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

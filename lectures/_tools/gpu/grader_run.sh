@@ -17,13 +17,13 @@ case ${STEP:-after} in
       $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
     $PY -c "from common.cuda_ext import build_course_ops; build_course_ops('solutions')" > "$OUT/prebuild.log" 2>&1 &
     t0=$(date +%s)
-    (cd "$OLD" && $PY -m common.grade --impl solutions --no-tests --stages "$STAGES" --timeout 500 \
+    (cd "$OLD" && $PY -m common.course.grade --impl solutions --no-tests --stages "$STAGES" --timeout 500 \
        --json-out "$OUT/before.json" 2>&1 | grep -v '^\[' | tee "$OUT/before.txt")
     echo "before: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
     wait ;;
   after)
     t0=$(date +%s)
-    $PY -m common.grade --impl solutions --stages "a01,$STAGES" --timeout 500 --json-out "$OUT/after.json" \
+    $PY -m common.course.grade --impl solutions --stages "a01,$STAGES" --timeout 500 --json-out "$OUT/after.json" \
       --results-json "$OUT/after_results.json" 2>&1 | grep -v '^\[' | tee "$OUT/after.txt"
     echo "after: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt" ;;
   gpu)

@@ -2,7 +2,7 @@
 
     python lectures/_tools/gpu/host_parts.py [--rounds 7]
 
-Each group is measured in interleaved rounds (common.hostcost.interleaved_us: a host's drift moves the
+Each group is measured in interleaved rounds (common.course.hostcost.interleaved_us: a host's drift moves the
 parts together), µs per eager call, median of the rounds. ``before``: the solutions at .hostcost_before/solutions
 (the previous commit's) with common.launch's and common.checks' code of before (``legacy``); the single
 changes toggled one by one where named (``memo off``: Launcher.run without its prepared launches;
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common import hostcost as hc  # noqa: E402
+from common.course import hostcost as hc  # noqa: E402
 from common import checks  # noqa: E402
 from common import launch as cl  # noqa: E402
 from common.impl import Impl  # noqa: E402

@@ -1,4 +1,4 @@
-"""Two trees' eager host cost, side by side in one process: every common.hostcost case and the
+"""Two trees' eager host cost, side by side in one process: every common.course.hostcost case and the
 training steps, each call of BEFORE measured in the same rounds as AFTER's and the bare launch, so a host's
 drift (tens of percent within a minute, 2-3x between machines) moves them together. Separate processes, as
 ``hostcost_run.sh`` runs them, each see the host at another moment.
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
-from common import hostcost as hc  # noqa: E402
+from common.course import hostcost as hc  # noqa: E402
 from common.impl import Impl  # noqa: E402
 
 

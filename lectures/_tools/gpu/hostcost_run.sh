@@ -34,11 +34,11 @@ echo "[hostcost] a04 builds: $(( $(date +%s) - t0 )) s"
 for round in 1 2; do for side in before after; do
   tree=$([ "$side" = before ] && echo "$BEFORE" || echo solutions)
   t0=$(date +%s)
-  timeout 150 $PY -m common.hostcost --impl "$tree" --out "$OUT/$side$round" > "$OUT/$side$round.log" 2>&1
+  timeout 150 $PY -m common.course.hostcost --impl "$tree" --out "$OUT/$side$round" > "$OUT/$side$round.log" 2>&1
   echo "[hostcost] $side$round rc=$? in $(( $(date +%s) - t0 )) s"
 done; done
 for round in 1 2; do
-  $PY -m common.hostcost --compare "$OUT/before$round/hostcost.csv" "$OUT/after$round/hostcost.csv" > "$OUT/compare$round.txt" 2>&1
+  $PY -m common.course.hostcost --compare "$OUT/before$round/hostcost.csv" "$OUT/after$round/hostcost.csv" > "$OUT/compare$round.txt" 2>&1
   echo "[hostcost] compare$round rc=$? (1: a GPU time got worse)"; cat "$OUT/compare$round.txt"
 done
 timeout 90 $PY lectures/_tools/hostcost_registration.py > "$OUT/registration.txt" 2>&1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Native autograd (common.native) on the GPU, in one call (about 5 minutes): build the extension, its tests,
+# Native autograd (common.course.native) on the GPU, in one call (about 5 minutes): build the extension, its tests,
 # stage 7's GPU tests, then the host-cost bench's flash cases and training steps (native against Python
 # autograd in the same rounds).
 #   OUT=$OUT bash lectures/_tools/gpu/native_run.sh [tests|bench|all]
@@ -12,7 +12,7 @@ WHAT=${1:-all}
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
 $PY -c "
 import time; t = time.time()
-from common import native
+from common.course import native
 m = native.load(wait=True)
 print('[native] extension', 'ready' if m else 'unavailable: ' + native.reason, f'in {time.time() - t:.0f} s')" 2>&1 | tee "$OUT/build.txt"
 if [ "$WHAT" != bench ]; then
@@ -22,6 +22,6 @@ if [ "$WHAT" != bench ]; then
   echo "[native] a07+hostcost rc=$? $(tail -1 "$OUT/test_a07.log")"
 fi
 if [ "$WHAT" != tests ]; then
-  timeout 300 $PY -m common.hostcost --impl solutions --cases ${CASES:-a07_fwd,a07_fwd_bwd} --out "$OUT/hc" > "$OUT/hc.log" 2>&1
+  timeout 300 $PY -m common.course.hostcost --impl solutions --cases ${CASES:-a07_fwd,a07_fwd_bwd} --out "$OUT/hc" > "$OUT/hc.log" 2>&1
   echo "[native] hostcost rc=$?"; grep "\[hostcost\]" "$OUT/hc.log"
 fi

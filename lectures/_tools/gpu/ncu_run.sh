@@ -2,8 +2,8 @@
 # Nsight Compute on the stages' benchmark cases (H100), the commands behind lectures/results/ncu_*.txt:
 #   bash lectures/_tools/gpu/ncu_run.sh                      (from the repository root; writes lectures/results/)
 #   OUT=/some/dir STAGES="a05 a03" bash lectures/_tools/gpu/ncu_run.sh
-# For each stage: python3 -m common.ncu STAGE --impl solutions, i.e. ncu on one call of the grader's
-# performance case (common/stages/) and one of its PyTorch baseline, the stage's few metrics beside
+# For each stage: python3 -m common.course.ncu STAGE --impl solutions, i.e. ncu on one call of the grader's
+# performance case (solutions/aNN_name/stage.py) and one of its PyTorch baseline, the stage's few metrics beside
 # its roofline. Writes $OUT/ncu_STAGE.txt (command and machine on top, then the report) and
 # $OUT/ncu_STAGE.log (ncu's progress and errors). Clocks: NCU_CLOCKS=none (default) leaves them
 # unlocked, as the benchmarks run (ncu's own default, base, was not tried on the lent H100);
@@ -13,7 +13,7 @@ OUT=${OUT:-lectures/results}; mkdir -p "$OUT"
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 NCU_CLOCKS=${NCU_CLOCKS:-none}
-NCU_BIN=$($PY -c "from common.ncu import find_ncu; print(find_ncu() or '')")
+NCU_BIN=$($PY -c "from common.course.ncu import find_ncu; print(find_ncu() or '')")
 [ -z "$NCU_BIN" ] && { echo "[ncu] no ncu found (PATH, \$NCU, /usr/local/cuda/bin, /opt/nvidia/nsight-compute/*)"; exit 2; }
 export NCU=$NCU_BIN
 ENV_LINE="$(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), \
@@ -21,11 +21,11 @@ $("$NCU" --version | tail -1), $($PY -c "import torch, triton; print('torch', to
 echo "[ncu] $ENV_LINE"
 for s in ${STAGES:-a05 a03 a06 a07}; do
   t0=$(date +%s)
-  cmd="$PY -m common.ncu $s --impl solutions --ncu-args \"--clock-control $NCU_CLOCKS\""
+  cmd="$PY -m common.course.ncu $s --impl solutions --ncu-args \"--clock-control $NCU_CLOCKS\""
   { echo "# $cmd   (lectures/_tools/gpu/ncu_run.sh)"
     echo "# $ENV_LINE"
     echo; } > "$OUT/ncu_$s.txt"
-  timeout "${T_STAGE:-300}" $PY -m common.ncu "$s" --impl solutions --ncu-args "--clock-control $NCU_CLOCKS" \
+  timeout "${T_STAGE:-300}" $PY -m common.course.ncu "$s" --impl solutions --ncu-args "--clock-control $NCU_CLOCKS" \
     >> "$OUT/ncu_$s.txt" 2> "$OUT/ncu_$s.log"
   rc=$?
   echo "[ncu] $s rc=$rc in $(( $(date +%s) - t0 )) s"

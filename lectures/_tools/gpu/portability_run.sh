@@ -45,7 +45,7 @@ EOF
         fi
         for tree in new base; do
           dir=.; [ $tree = base ] && dir=$base
-          (cd "$dir" && timeout ${GRADE_TIMEOUT:-400} python3 -m common.grade --impl solutions --stages a06,a07,a08 \
+          (cd "$dir" && timeout ${GRADE_TIMEOUT:-400} python3 -m common.course.grade --impl solutions --stages a06,a07,a08 \
              --no-tests --json --quiet --timeout 380) > "$OUT/grade_$tree.json" 2> "$OUT/grade_$tree.err"
           echo "graded $tree: rc=$?"
         done
