@@ -27,11 +27,16 @@ BENCHES = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.impl import StageError, stage_key
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in BENCHES:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() + f"\n\nstages: {' '.join(BENCHES)}", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    stage, rest = argv[0], argv[1:]
+        return 0 if argv else 2
+    try:
+        stage, rest = stage_key(argv[0], list(BENCHES)), argv[1:]     # a03, 3, 03 or a03_fused_linear
+    except StageError as e:
+        print(f"python -m common.bench: stage {e}", file=sys.stderr)
+        return 2
     if not any(a == "--impl" or a.startswith("--impl=") for a in rest):
         import argparse
         ap = argparse.ArgumentParser()

@@ -562,3 +562,50 @@ def test_judge_tells_a_partly_written_output_from_an_unwritten_one():
     assert res.correctness == "fail" and res.trials_passed == 0
     assert "the output was never written (still NaN)" in res.not_implemented[0], res
     assert "outputs never written (still NaN): check the grid and the mask" in res.message, res.message
+
+
+def test_one_stage_name_everywhere(capsys):
+    """a03, 3, 03, a3 and a03_fused_linear all name stage 3 (common.impl.stage_key, which make check,
+    the grader's --stages, the benches and ncu read); any other name is an error listing the stages,
+    never an empty selection (pytest would collect every test, the grader divide by zero)."""
+    from common.grade.__main__ import main
+    from common.impl import StageError, stage_key, stage_keys, stage_list
+    for name in ("a03", "3", "03", "a3", "A03", " a03_fused_linear "):
+        assert stage_key(name) == "a03", name
+    assert stage_key("7c") == stage_key("a07c_flash_hopper") == "a07c"
+    assert stage_key("a07_flash_attention") == "a07" and stage_list("3,a05,03") == ["a03", "a05"]
+    assert set(stage_keys()) == {"a01", "a02", "a03", "a04", "a05", "a06", "a07", "a07c", "a08"}
+    for bad in ("nonsense", "9", "a3x", "fused_linear", ""):
+        with pytest.raises(StageError, match="Stages: a01, a02, a03, .*a08"):
+            stage_list(bad)
+    with pytest.raises(StageError, match="a07c is not one this command takes"):
+        stage_key("a07c", ["a07", "a08"])
+    with pytest.raises(SystemExit):
+        main(["--stages", "3x"])
+    assert "--stages '3x': no such stage. Stages: a01" in capsys.readouterr().err
+    # what the Makefile runs (no torch import): the test file for make check, exit 2 and the message otherwise
+    cli = [sys.executable, "-P", "common/impl.py", "stage"]
+    r = subprocess.run(cli + ["3", "check"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "tests/test_a03_fused_linear.py", r
+    r = subprocess.run(cli + ["a3_fused", "check"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and not r.stdout and "STAGE='a3_fused': no such stage. Stages: a01" in r.stderr, r
+
+
+def test_stage_8_dependency_hint_in_make_syntax(monkeypatch):
+    """Stage 8 on unfinished a06 and a07: one sentence in plural grammar, naming the option as the
+    run was started (make: BORROW=a06,a07)."""
+    import types
+
+    from common.stages import a08_dependencies
+
+    def unwritten(*a, **k):
+        raise NotImplementedError("stub")
+    stub = types.SimpleNamespace(matmul=unwritten, attention_forward=unwritten)
+    monkeypatch.setenv("COURSE_VIA_MAKE", "1")              # the Makefile exports it
+    msg = a08_dependencies(lambda module: stub)
+    assert "which are not implemented yet: finish them" in msg and "BORROW=a06,a07" in msg, msg
+    assert "--borrow" not in msg, msg
+    monkeypatch.delenv("COURSE_VIA_MAKE")
+    msg = a08_dependencies(lambda module: stub)
+    assert "--borrow a06,a07" in msg and "BORROW=" not in msg, msg
+    assert "COURSE_VIA_MAKE" in (REPO / "Makefile").read_text()

@@ -110,7 +110,7 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
 
 def _bar(i: int, n: int, label: str) -> None:
     width = 28
-    done = int(width * i / n)
+    done = int(width * i / max(n, 1))
     line = f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {label}"
     if sys.stderr.isatty():
         print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
@@ -123,10 +123,11 @@ def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool =
     """Grade ``impl`` stage by stage. ``borrow`` ("a06,a07"): those stages are taken from solutions/
     where another stage imports them (stage 8 on the reference a06 and a07); each borrowed stage is
     still graded on the impl's own code, and the others' rows say what they ran on."""
-    from common.impl import BORROW_VAR, borrowed, resolve
+    from common.impl import BORROW_VAR, borrowed, resolve, stage_list
     from common.stages import STAGES
     root = resolve(impl)
-    todo = [s for s in STAGES if not stages or s.key in stages or s.folder in stages]
+    keys = stage_list(",".join(stages), [s.key for s in STAGES]) if stages else None   # a name of no stage: its error
+    todo = [s for s in STAGES if not keys or s.key in keys]
     saved = os.environ.get(BORROW_VAR)
     if borrow:
         os.environ[BORROW_VAR] = borrow
