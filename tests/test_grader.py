@@ -68,7 +68,8 @@ def test_solutions_full_marks_and_gradescope_format(tmp_path):
     _validate_gradescope(gs)
     assert all(s["correctness"].startswith("pass") for s in report["stages"]), table
     if not torch.cuda.is_available():       # a01's transfer_report runs on a GPU only: not a plain pass here
-        assert report["stages"][0]["correctness"].startswith("pass on CPU (") and "need a GPU" in table, table
+        assert report["stages"][0]["correctness"] == "pass on CPU" and "GPU checks not run" in table, table
+        assert "of what a CPU can check" in table and report["max"] < 30, table
     assert all(s["score"] == s["max_score"] for s in report["stages"]), table
     assert "a03_fused_linear" in table and "total" in table
 
@@ -122,7 +123,9 @@ def test_failed_test_is_not_a_pass(tmp_path):
     st = report["stages"][0]
     assert st["tests_failed"] == 1 and st["trials_passed"] == st["trials_total"], table
     ran = st["tests_passed"] + st["tests_failed"]
-    assert st["correctness"].startswith("partial") and st["score"] == round(5 * (ran - 1) / ran + 5, 2), table
+    share = 1.0 if torch.cuda.is_available() else ran / (ran + st["tests_skipped"])    # a CPU: what it ran
+    assert st["correctness"].startswith("partial") and st["score"] == round((5 * (ran - 1) / ran + 5) * share, 2), \
+        table
 
 
 @SELF_CHECK
@@ -609,3 +612,72 @@ def test_stage_8_dependency_hint_in_make_syntax(monkeypatch):
     msg = a08_dependencies(lambda module: stub)
     assert "--borrow a06,a07" in msg and "BORROW=" not in msg, msg
     assert "COURSE_VIA_MAKE" in (REPO / "Makefile").read_text()
+
+
+def test_cpu_score_counts_only_what_ran():
+    """On a CPU no points for work that did not run (score.score, pure): a stage with GPU-only tests
+    counts for the share of its tests that ran, score and maximum alike, and is never a plain "pass";
+    a stage whose trials need a GPU is ungraded, 0 / 0, whatever its CPU checks say."""
+    from common.grade.score import CORRECT_POINTS, NEEDS_GPU, PASS, UNGRADED, score
+    kw = dict(violations=False, run_tests=True, timed=False, speedup=None, perf_target=None)
+    s = score(tests_passed=87, tests_failed=0, trials=PASS, tests_gpu_only=2, **kw)
+    assert (s.correctness, s.score, s.max_score) == ("pass on CPU", 9.78, 9.78), s
+    s = score(tests_passed=86, tests_failed=1, trials=PASS, tests_gpu_only=2, **kw)
+    assert s.correctness == "partial on CPU" and s.score == round((5 * 86 / 87 + 5) * 87 / 89, 2) < s.max_score
+    for passed, failed in ((12, 0), (11, 1), (0, 0)):          # a04 on a CPU: compile checks only
+        s = score(tests_passed=passed, tests_failed=failed, trials=NEEDS_GPU, tests_gpu_only=47, **kw)
+        assert (s.correctness, s.score, s.max_score) == (UNGRADED, 0, 0) and s.ungraded, s
+    s = score(tests_passed=12, tests_failed=0, trials=PASS, **kw)              # everything ran: the full 10
+    assert (s.correctness, s.score, s.max_score) == (PASS, CORRECT_POINTS, CORRECT_POINTS)
+    s = score(tests_passed=12, tests_failed=0, trials=PASS, tests_gpu_only=3, violations=True, run_tests=True,
+              timed=False, speedup=None, perf_target=None)
+    assert s.correctness == "fail" and s.score == 0
+
+
+def test_cpu_report_never_shows_full_marks_for_work_not_run():
+    """The table's row and total and Gradescope's results say what a CPU could not check: "CPU checks
+    pass; 47 GPU checks not run", "total ... of what a CPU can check; a04 ungraded"; an ungraded stage
+    is never "passed" in Gradescope and its notes wrap at a readable width."""
+    from common.grade import StageResult, gradescope, report_json, table
+    from common.grade.run import cpu_note
+    from common.grade.score import NEEDS_GPU, PASS, score
+    kw = dict(violations=False, run_tests=True, timed=False, speedup=None, perf_target=None)
+    rs = []
+    for folder, p, gpu, trials in (("a03_fused_linear", 87, 2, PASS), ("a04_cuda_gelu", 12, 47, NEEDS_GPU),
+                                   ("a05_triton_gelu", 40, 0, PASS)):
+        s = score(tests_passed=p, tests_failed=0, trials=trials, tests_gpu_only=gpu, **kw)
+        rs.append(StageResult(folder, "t", tests_passed=p, tests_skipped=gpu, correctness=s.correctness,
+                              score=s.score, max_score=s.max_score, message=cpu_note(s, p, 0, gpu, True)))
+    assert rs[0].message.startswith("CPU checks pass; 2 GPU checks not run")
+    assert "CPU checks pass; 47 GPU checks not run" in rs[1].message and rs[1].message.startswith("ungraded")
+    assert rs[2].message == ""
+    text = table(rs, "sub", "none", width=120)
+    assert "total 19.78 / 19.78 of what a CPU can check; a04 ungraded (needs a GPU)" in text, text
+    row = next(ln for ln in text.splitlines() if ln.startswith("a04_cuda_gelu"))
+    assert "ungraded" in row and "/" not in row.split("ungraded")[1].split()[2], row     # score column "-", not 0/0
+    assert all(len(ln) <= 120 for ln in text.splitlines()), text
+    gs = gradescope(rs, 1.0)
+    _validate_gradescope(gs)
+    a04 = gs["tests"][1]
+    assert a04["status"] == "failed" and a04["score"] == a04["max_score"] == 0 and "ungraded" in a04["name"], a04
+    assert "of what a CPU can check; a04 ungraded" in gs["output"], gs["output"]
+    doc = report_json(rs, "sub", "none", 1.0)
+    assert doc["ungraded"] == ["a04"] and doc["total"] == doc["max"] == 19.78
+    # everything ran (a GPU): no such words
+    full = [StageResult("a05_triton_gelu", "t", correctness=PASS, score=15, max_score=15)]
+    assert "CPU" not in table(full, "sub", "H100", width=120).splitlines()[-1]
+    assert "without a GPU" not in gradescope(full, 1.0)["output"]
+
+
+@SELF_CHECK
+def test_wrong_cuda_gelu_earns_nothing(tmp_path):
+    """A CUDA GELU that returns its input compiles and passes a CPU's compile checks: graded on a CPU,
+    stage 4 is ungraded (0 of 0, never 10/10); on a GPU its trials fail. Either way: no points."""
+    sub = _submission(tmp_path, {"a04_cuda_gelu/gelu_kernel.cu": [
+        ("  return 0.5f * x * (1.0f + tanhf(inner));", "  return x;")]})
+    report, gs, table = _grade(sub, tmp_path, "4")
+    st = report["stages"][0]
+    assert st["score"] == 0 and gs["tests"][0]["status"] == "failed", table
+    if not torch.cuda.is_available():
+        assert st["correctness"] == "ungraded" and st["max_score"] == 0 and report["ungraded"] == ["a04"], table
+        assert "a04 ungraded" in table and "10/10" not in table, table
