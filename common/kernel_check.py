@@ -76,6 +76,8 @@ class Forbidden:
     ops: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
     functions: tuple[str, ...] = ()
+    #: what to call instead, where the contract names a PyTorch op (the error message says it)
+    use: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.ops or self.kernels or self.functions)
@@ -91,9 +93,10 @@ BIAS_KERNEL = Forbidden(TORCH_ARITH, ATEN_KERNELS)
 #: F.linear, the baseline the stage is timed against, is refused in both.
 FUSED_LINEAR = {
     "addmm": Forbidden(TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
-                       functions=BASELINE_FUNCTIONS),
+                       functions=BASELINE_FUNCTIONS,
+                       use="one torch.addmm(bias, x2, weight_t): the GEMM with the bias added in its epilogue"),
     "triton": Forbidden(TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
-                        functions=BASELINE_FUNCTIONS),
+                        functions=BASELINE_FUNCTIONS, use="x2 @ weight_t (the GEMM), then the stage's add_bias_"),
 }
 #: Without a bias either backend is the GEMM x @ W^T alone (no addmm, no arithmetic, no F.linear).
 FUSED_LINEAR_NO_BIAS = FUSED_LINEAR["triton"]
@@ -165,8 +168,12 @@ def launched(call: Callable[[], object], forbid: Forbidden) -> list[str]:
     return forbidden_kernels(profile(call, calls=1, warmup=0).kernels, forbid)
 
 
-def ops_message(what: str, bad: list[str]) -> str:
+def ops_message(what: str, bad: list[str], use: str = "") -> str:
+    """The error for forbidden ops; ``use`` (:attr:`Forbidden.use`): what the contract asks for instead."""
     bad = [b.replace("torch.nn.functional.", "F.") for b in bad]       # as a student writes it
+    if use:
+        return (f"{what}: called PyTorch ops {bad}, which its contract does not allow: use {use} (the grader "
+                f"scores such a stage 0)")
     return (f"{what}: called PyTorch ops {bad} where the stage's kernel was asked for (the grader scores "
             f"such a stage 0: its numbers are right because PyTorch computed them)")
 
@@ -184,11 +191,12 @@ def assert_is_kernel(call: Callable[[], object], forbid: Forbidden, what: str, *
     naming the ops if it called what ``forbid`` refuses. On a GPU (``kernels=True``) one more
     call runs under the profiler and is checked for forbidden kernels. Graded tests wrap the
     submission's calls with this; the grader's trials run the same checks."""
+    __tracebackhide__ = True     # pytest: the test's line, then the submission's, not this wrapper
     with watch(forbid) as t:
         out = call()
     bad = called(t, forbid)
     if bad:
-        raise NotAKernel(ops_message(what, bad))
+        raise NotAKernel(ops_message(what, bad, forbid.use))
     if kernels:
         bad = launched(call, forbid)
         if bad:
