@@ -681,3 +681,24 @@ def test_wrong_cuda_gelu_earns_nothing(tmp_path):
     if not torch.cuda.is_available():
         assert st["correctness"] == "ungraded" and st["max_score"] == 0 and report["ungraded"] == ["a04"], table
         assert "a04 ungraded" in table and "10/10" not in table, table
+
+
+def test_stage_test_ids_are_readable_and_the_mutant_hints_exist():
+    """Stages 1-7 name their cases (test_add_bias[7x13-fp32], not [shape2-dtype0]), and every test
+    tests/mutants/first_failures.json names for them is still collected under that id."""
+    import re
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_a0[1-7]_*.py"))
+    r = subprocess.run([sys.executable, "-m", "pytest", *files, "--collect-only", "-q", "-p", "no:cacheprovider"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    ids = [ln.strip() for ln in r.stdout.splitlines() if "::" in ln]
+    assert len(ids) > 300, r.stdout[-2000:] + r.stderr[-2000:]
+    opaque = [i for i in ids if re.search(r"[\[-](dtype|shape|lead|case)\d+[\]-]|torch\.|\(", i)]
+    assert not opaque, opaque[:10]
+    by_file = {}
+    for i in ids:
+        f, name = i.split("::", 1)
+        by_file.setdefault(f.split("test_")[-1][:3], set()).add(name)
+    hints = json.loads((REPO / "tests" / "mutants" / "first_failures.json").read_text())
+    stale = [(k, v) for k, v in hints.items() if k[:3] in by_file and v not in by_file[k[:3]]
+             and any(n.split("[")[0] == v.split("[")[0] for n in by_file[k[:3]])]
+    assert not stale, stale
