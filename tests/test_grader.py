@@ -663,6 +663,11 @@ def test_cpu_report_never_shows_full_marks_for_work_not_run():
     assert "of what a CPU can check; a04 ungraded" in gs["output"], gs["output"]
     doc = report_json(rs, "sub", "none", 1.0)
     assert doc["ungraded"] == ["a04"] and doc["total"] == doc["max"] == 19.78
+    # a failed stage whose maximum shrank: still "of what a CPU can check"
+    s = score(tests_passed=0, tests_failed=22, trials="fail", tests_gpu_only=2, **kw)
+    failed = StageResult("a01_roundtrip_linear", "t", tests_failed=22, tests_skipped=2, correctness=s.correctness,
+                         score=s.score, max_score=s.max_score)
+    assert table([failed], "sub", "none").splitlines()[4] == "total 0 / 9.17 of what a CPU can check"
     # everything ran (a GPU): no such words
     full = [StageResult("a05_triton_gelu", "t", correctness=PASS, score=15, max_score=15)]
     assert "CPU" not in table(full, "sub", "H100", width=120).splitlines()[-1]

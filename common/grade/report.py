@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .result import WorkerResult
-from .score import CORRECT_POINTS, ON_CPU, SCORE_DECIMALS, UNGRADED
+from .score import CORRECT_POINTS, SCORE_DECIMALS, UNGRADED
 
 
 @dataclass
@@ -45,6 +45,11 @@ def ungraded(results: list[StageResult]) -> list[str]:
     return [r.stage[:3] for r in results if r.correctness == UNGRADED]
 
 
+def cpu_limited(results: list[StageResult]) -> bool:
+    """Whether some stage's maximum shrank to what a CPU could check (score.cpu_share), or is 0 (ungraded)."""
+    return any(r.max_score < CORRECT_POINTS for r in results)
+
+
 def total_line(results: list[StageResult]) -> str:
     """"total 40 / 40", or on a CPU that could not check everything "total 49.78 / 49.78 of what a CPU
     can check; a04 ungraded (needs a GPU)": never a full mark for work that did not run."""
@@ -52,7 +57,7 @@ def total_line(results: list[StageResult]) -> str:
     top = round(sum(r.max_score for r in results), SCORE_DECIMALS)
     line = f"total {total:g} / {top:g}"
     skipped = ungraded(results)
-    if skipped or any(r.correctness.endswith(ON_CPU) for r in results):
+    if skipped or cpu_limited(results):
         line += " of what a CPU can check"
         if skipped:
             line += f"; {', '.join(skipped)} ungraded (needs a GPU)"
@@ -173,7 +178,7 @@ def gradescope(results: list[StageResult], seconds: float) -> dict:
     return {"score": round(sum(r.score for r in results), SCORE_DECIMALS), "execution_time": round(seconds),
             "output": "Per-stage grade against PyTorch; see each test's output." + (
                 f" Graded without a GPU: {total_line(results)}; work that only a GPU can run earns no points here."
-                if any(r.correctness == UNGRADED or r.correctness.endswith(ON_CPU) for r in results) else ""),
+                if cpu_limited(results) else ""),
             "visibility": "visible",
             "stdout_visibility": "visible", "tests": tests, "leaderboard": board}
 
