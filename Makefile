@@ -1,4 +1,4 @@
-# On a fresh clone:  make test,  make grade,  make lab
+# On a fresh clone:  make grade,  make check STAGE=a01,  make lab  (make help: every target)
 # Each creates .venv on first use and installs nothing on later runs.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -23,13 +23,13 @@ LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u
 
 .PHONY: test grade check bench lab ncu notebooks results clean help
 help:
-	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub and mutation checks"
-	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or 3,8) for some stages"
-	@echo "                 ARGS=--help: how you are scored"
-	@echo "make check STAGE=a03 - the stage's tests on your work, stopping at the first failure with a short traceback"
+	@echo "make grade     - grade your work (IMPL=assignments, the default | solutions | path/to/submission); STAGE=a03 or 3"
+	@echo "                 (or 3,8) for some stages; installs .venv on first use; ARGS=--help: how you are scored"
+	@echo "make check STAGE=a03 - the stage's tests on your work, stopping at the first failure; K=add_bias picks tests"
 	@echo "make bench STAGE=a06 - the stage's benchmark against PyTorch on IMPL= (GPU); ARGS=\"--quick\" passes options"
-	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
 	@echo "make ncu STAGE=a05 - Nsight Compute on the stage's benchmark case (GPU + ncu); IMPL= as for grade, NCU_ARGS= more options"
+	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
+	@echo "make test      - the course's self-check (instructors, CI): solutions/ against every test, the stub and mutation checks"
 	@echo "make notebooks - execute every lecture notebook"
 	@echo "make results STAGE=a06 - rerun on a GPU what lectures/results/ holds for the stage (all stages without STAGE)"
 

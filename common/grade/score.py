@@ -50,12 +50,12 @@ How you are scored (per stage):
     output is checked: a wrong one fails the stage's correctness (no speed points).
 On a machine without a GPU no points are given for work that was not run:
   a stage whose graded tests include some that need a GPU counts for the share of them the CPU
-    ran: its score and its maximum are that share of the points above ("pass on CPU": 87 of
-    89 tests ran, all passed, trials passed: 9.78 / 9.78, the row says "2 GPU checks not run");
+    ran: its score and its maximum are that share of the points above ("pass on CPU": 48 of
+    50 tests ran, all passed, trials passed: 9.6 / 9.6, the row says "2 GPU checks not run");
   a stage whose trials need a GPU (stage 4's CUDA op) is "ungraded": 0 / 0, whatever its CPU
     checks (compiling the CUDA source) say;
   the total says "of what a CPU can check" and names the ungraded stages; no speed points, and
-    the table has no timing columns. Grade on a GPU for the full score (15 a stage).
+    the table has no timing columns. Grade on a GPU for the full score.
   "correct" column: pass (all tests and trials), partial (trials passed, some test failed),
     fail, "pass on CPU" / "partial on CPU" (some graded tests need a GPU), ungraded.
 Examples:
