@@ -525,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     from .stages import STAGES
     try:
         a.stage = stage_key(a.stage, [s.key for s in STAGES])     # a05, 5, 05 or a05_triton_gelu
-    except StageError as e:
-        ap.error(f"stage {e}")
+    except StageError as e:            # the message alone: it lists the stages
+        print(f"{ap.prog}: stage {e}", file=sys.stderr)
+        return 2
     if a.child:
         return _child(a.stage, a.impl, a.which, a.warmup)
     try:

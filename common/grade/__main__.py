@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         from common.stages import STAGES
         try:
             stages = stage_list(args.stages, [s.key for s in STAGES])
-        except StageError as e:
-            ap.error(f"--stages {e}")
+        except StageError as e:            # the message alone: it lists the stages
+            print(f"{ap.prog}: --stages {e}", file=sys.stderr)
+            return 2
     if args.submissions:
         return grade_many(args.submissions, args.out, args.jobs, args.timeout, stages, not args.no_tests,
                           sandbox=not args.no_sandbox, memory_gb=args.memory_gb)
