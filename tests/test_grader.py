@@ -662,6 +662,9 @@ def test_cpu_report_never_shows_full_marks_for_work_not_run():
     assert "of what a CPU can check; a04 ungraded" in gs["output"], gs["output"]
     doc = report_json(rs, "sub", "none", 1.0)
     assert doc["ungraded"] == ["a04"] and doc["total"] == doc["max"] == 19.78
+    exact = StageResult("a08_gpt2_inference", "t", worst_error=0.35, tolerance=0.0, trials_total=3)
+    assert "3.5e-01 (exact)" in table([exact], "sub", "none") and "(tolerance exact)" in gradescope([exact], 1)[
+        "tests"][0]["output"]
     # a failed stage whose maximum shrank: still "of what a CPU can check"
     s = score(tests_passed=0, tests_failed=22, trials="fail", tests_gpu_only=2, **kw)
     failed = StageResult("a01_roundtrip_linear", "t", tests_failed=22, tests_skipped=2, correctness=s.correctness,

@@ -85,6 +85,11 @@ def _notes(r: StageResult, timed: bool) -> tuple[str, str]:
     return full, full
 
 
+def _tol(tol: float | None) -> str:
+    """A trial's tolerance as the report shows it: 1e-02, or "exact" (integers, tokens: 0 allowed)."""
+    return "exact" if not tol else f"{tol:.0e}"
+
+
 def table(results: list[StageResult], impl: str, gpu: str, width: int | None = None) -> str:
     """The grade as a table, as wide as the terminal allows. Without any timing (a CPU-only
     machine) the timing columns are left out and a line under the table says why."""
