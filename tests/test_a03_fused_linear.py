@@ -90,7 +90,7 @@ def test_add_bias_is_a_kernel(bias_mod):
         assert rep.n_kernels == 1, f"expected one Triton kernel per call, got {rep.kernels}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_add_bias_inplace_unviewable(bias_mod, dtype):
     """A y whose leading dims cannot be viewed as [rows, N] (rows of a taller tensor): add_bias_ either
     adds in place or raises ValueError (then add_bias takes it), as the contracts say; never a bias added
