@@ -1,4 +1,4 @@
-# On a fresh clone:  make test,  make grade,  make lab
+# On a fresh clone:  make grade,  make check STAGE=a01,  make lab  (make help: every target)
 # Each creates .venv on first use and installs nothing on later runs.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -23,12 +23,13 @@ LAB_ARGS ?= $(strip $(if $(HEADLESS),--no-browser) $(if $(filter 0,$(shell id -u
 
 .PHONY: test grade check bench lab ncu notebooks results clean help
 help:
-	@echo "make test      - install (first time) and run the autograder on solutions/ + the stub and mutation checks"
-	@echo "make grade     - grade IMPL=assignments (default) | solutions | path/to/submission; STAGE=a03 (or a03,a08) for some stages"
-	@echo "make check STAGE=a03 - the stage's tests on your work, stopping at the first failure with a short traceback"
+	@echo "make grade     - grade your work (IMPL=assignments, the default | solutions | path/to/submission); STAGE=a03 or 3"
+	@echo "                 (or 3,8) for some stages; installs .venv on first use; ARGS=--help: how you are scored"
+	@echo "make check STAGE=a03 - the stage's tests on your work, stopping at the first failure; K=add_bias picks tests"
 	@echo "make bench STAGE=a06 - the stage's benchmark against PyTorch on IMPL= (GPU); ARGS=\"--quick\" passes options"
-	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
 	@echo "make ncu STAGE=a05 - Nsight Compute on the stage's benchmark case (GPU + ncu); IMPL= as for grade, NCU_ARGS= more options"
+	@echo "make lab       - install JupyterLab (first time) and open the lectures (headless: prints the URL)"
+	@echo "make test      - the course's self-check (instructors, CI): solutions/ against every test, the stub and mutation checks"
 	@echo "make notebooks - execute every lecture notebook"
 	@echo "make results STAGE=a06 - rerun on a GPU what lectures/results/ holds for the stage (all stages without STAGE)"
 
@@ -44,18 +45,24 @@ $(STAMP):
 test: $(STAMP)
 	$(BIN)/python -m pytest --impl solutions --mutants --durations=25
 
+# A stage is named as a03, 3, 03 or a03_fused_linear (common/impl.py's stage_key reads every one; anything
+# else: an error that lists the stages).
+
+# make grade [STAGE=a03 or 3,5] [IMPL=...] [BORROW=a06,a07] [ARGS="--json"]; make grade ARGS=--help: the rules
 grade: $(STAMP)
-	$(BIN)/python -m common.course.grade --impl $(IMPL) $(if $(STAGE),--stages $(STAGE)) $(if $(BORROW),--borrow $(BORROW))
+	$(BIN)/python -m common.course.grade --impl $(IMPL) $(if $(STAGE),--stages '$(STAGE)') $(if $(BORROW),--borrow $(BORROW)) $(ARGS)
 
 # make check STAGE=a03 [IMPL=...] [K="add_bias"] [BORROW=a06,a07]: one stage's tests, -x --tb=short
 check: $(STAMP)
 	$(if $(STAGE),,$(error make check needs a stage: make check STAGE=a03))
-	$(BIN)/python -m pytest $(wildcard tests/test_$(STAGE)_*.py) --impl $(IMPL) -x --tb=short $(if $(K),-k "$(K)") $(if $(BORROW),--borrow $(BORROW))
+	@tests=$$($(BIN)/python -P common/impl.py stage '$(STAGE)' check) || exit 2; \
+	echo "$(BIN)/python -m pytest $$tests --impl $(IMPL) -x --tb=short $(if $(K),-k \"$(K)\") $(if $(BORROW),--borrow $(BORROW))"; \
+	$(BIN)/python -m pytest $$tests --impl $(IMPL) -x --tb=short $(if $(K),-k "$(K)") $(if $(BORROW),--borrow $(BORROW))
 
 # make bench STAGE=a06 [IMPL=...] [ARGS="--quick"]: the stage's benchmark (common/course/bench.py), on a GPU
 bench: $(STAMP)
 	$(if $(STAGE),,$(error make bench needs a stage: make bench STAGE=a06 (a01 ... a08, a07c)))
-	$(BIN)/python -m common.course.bench $(STAGE) --impl $(IMPL) $(ARGS)
+	$(BIN)/python -m common.course.bench '$(STAGE)' --impl $(IMPL) $(ARGS)
 
 $(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,notebooks]'
@@ -67,7 +74,7 @@ lab: $(LAB_STAMP)
 
 ncu: $(STAMP)
 	$(if $(STAGE),,$(error make ncu needs a stage: make ncu STAGE=a05 (a02 ... a08)))
-	$(BIN)/python -m common.course.ncu $(STAGE) --impl $(IMPL) $(NCU_ARGS)
+	$(BIN)/python -m common.course.ncu '$(STAGE)' --impl $(IMPL) $(NCU_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest tests/test_notebooks.py -v

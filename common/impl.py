@@ -24,6 +24,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,10 +114,54 @@ class Impl:
         return f"Impl({self.name})"
 
 
+def stage_keys() -> dict[str, str]:
+    """The course's stages, key -> the name of its test file without ``test_`` ("a03" ->
+    "a03_fused_linear", "a07c" -> "a07c_flash_hopper"): read from tests/, one file a stage."""
+    found = (re.fullmatch(r"test_(a\d\d[a-z]?)_\w+\.py", p.name) for p in (REPO / "tests").iterdir())
+    return {m[1]: m[0][len("test_"):-len(".py")] for m in sorted(filter(None, found), key=lambda m: m[0])}
+
+
+class StageError(ValueError):
+    """A stage name that names no stage (the message lists the stages)."""
+
+
+def stage_key(name: str, allowed: list[str] | None = None) -> str:
+    """The stage's key ("a03") for any of its names: ``a03``, ``3``, ``03``, ``a3``, the folder
+    ``a03_fused_linear`` or the test file's ``a03_fused_linear``; ``7c``/``a07c`` is stage 7's Hopper part.
+    The one place a stage name is read (make check/grade/bench/ncu, ``--stages``, the benches, ncu).
+    ``allowed``: the keys the command takes (default: every stage). Anything else: :class:`StageError`
+    naming the stages."""
+    keys = stage_keys()
+    allowed = list(keys) if allowed is None else list(allowed)
+    text = str(name).strip().lower()
+    m = re.fullmatch(r"a?0*(\d{1,2})([a-z]?)", text)
+    key = f"a{int(m[1]):02d}{m[2]}" if m else None
+    if key is None:
+        folders = {f: f[:3] for f in _stage_folders()}
+        key = next((k for k, stem in keys.items() if text == stem), None) or folders.get(text)
+    if key not in allowed:
+        why = f"stage {key} is not one this command takes" if key in keys else "no such stage"
+        raise StageError(f"{name!r}: {why}. Stages: {', '.join(allowed)} (stage 3 is a03, 3, 03 or "
+                         f"a03_fused_linear)")
+    return key
+
+
+def stage_list(names: str, allowed: list[str] | None = None) -> list[str]:
+    """``stage_key`` of each name of a comma-separated list ("3,a05" -> ["a03", "a05"]), in order, once each."""
+    parts = [n for n in str(names).split(",") if n.strip()]
+    if not parts:
+        raise StageError(f"{names!r}: no stage named. Stages: {', '.join(allowed or stage_keys())}")
+    return list(dict.fromkeys(stage_key(n, allowed) for n in parts))
+
+
+def _stage_folders() -> list[str]:
+    return sorted(p.name for p in (REPO / "solutions").iterdir() if p.is_dir() and re.match(r"a\d\d_", p.name))
+
+
 def borrowed() -> list[str]:
     """The stage folders ``COURSE_BORROW`` names ("a06,a07" -> ["a06_matmul", "a07_flash_attention"])."""
     keys = [k.strip() for k in os.environ.get(BORROW_VAR, "").split(",") if k.strip()]
-    folders = sorted(p.name for p in (REPO / "solutions").iterdir() if p.is_dir() and p.name[:1] == "a")
+    folders = _stage_folders()
     out = []
     for k in keys:
         match = [f for f in folders if f == k or f.startswith(k + "_")]
@@ -196,3 +241,28 @@ def results_dir(impl: str | os.PathLike | Impl | None = None) -> Path:
     impl = Impl.get(impl)
     results = REPO / "lectures" / "results"
     return results if impl.package == "solutions" else results / impl.root.name
+
+
+def _main(argv: list[str]) -> int:
+    """``python -P common/impl.py stage NAME [COMMAND]``: what the Makefile passes on for a stage
+    name (without importing torch): for ``check``, the stage's test file; else the keys (a comma list
+    for ``grade``). A name that is no stage: the message on stderr and exit status 2."""
+    if len(argv) < 2 or argv[0] != "stage":
+        print("usage: python -P common/impl.py stage NAME [check|grade|bench|ncu]", file=sys.stderr)
+        return 2
+    what = argv[2] if len(argv) > 2 else "grade"
+    try:
+        if what == "check":
+            print(f"tests/test_{stage_keys()[stage_key(argv[1])]}.py")
+        elif what == "grade":
+            print(",".join(stage_list(argv[1])))
+        else:
+            print(stage_key(argv[1]))
+    except StageError as e:
+        print(f"STAGE={e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -198,7 +198,7 @@ def _message(op: str, launch: _Launch, p, mask, size: int) -> str:
     shown = list(dict.fromkeys(int(o) for o in offs))
     listed = ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
     if arg.whole and unit == "element":
-        where = f"the tensor's {arg.numel} elements"
+        where = f"the tensor's {arg.numel} elements (shape {arg.shape})"
     else:
         lo_off, hi_off = arg.lo - arg.ptr, arg.hi - arg.ptr
         if unit == "element":
@@ -229,11 +229,51 @@ def _find_oob(e: BaseException | None):
     return None
 
 
+#: Triton's modules whose frames a pytest traceback leaves out under the interpreter: the interpreter,
+#: the launch and the language's own layers between a kernel's line and the course's message
+#: (``pytest --fulltrace`` shows them).
+TRITON_INTERNALS = ("triton.runtime.interpreter", "triton.runtime.jit", "triton.runtime.autotuner",
+                    "triton.language.core", "triton.language.semantic", "triton.language.standard",
+                    "triton.language.math")
+
+
+def hide_triton_frames() -> None:
+    """pytest reads ``__tracebackhide__`` in a frame's globals too: set it in Triton's modules, so a
+    failing interpreted kernel shows the kernel's line and the error, not about a dozen frames of
+    Triton's internals before it. Idempotent."""
+    import importlib
+    for name in TRITON_INTERNALS:
+        try:
+            importlib.import_module(name).__tracebackhide__ = True
+        except ImportError:     # a Triton without the module: nothing to hide
+            pass
+    from triton.runtime import interpreter as it
+    rewriter = getattr(it, "FunctionRewriter", None)
+    if rewriter is None or getattr(rewriter._compile_and_exec, "_course_keeps_frames", False):
+        return
+    compile_and_exec = rewriter._compile_and_exec
+
+    def _compile_and_exec(self, transformed_ast):
+        # Triton copies the interpreter's globals into the kernel's module: not this one, or the
+        # kernel's own frames (the line that failed) would be hidden too.
+        had = "__tracebackhide__" in self.fn.__globals__
+        try:
+            return compile_and_exec(self, transformed_ast)
+        finally:
+            if not had:
+                self.fn.__globals__.pop("__tracebackhide__", None)
+
+    _compile_and_exec._course_keeps_frames = True
+    rewriter._compile_and_exec = _compile_and_exec
+
+
 def patch_bounds_check() -> None:
     """Bounds-check every interpreted load, store and atomic against the launch's tensor arguments. Idempotent."""
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter as it
+
+    hide_triton_frames()
 
     builder, executor = it.InterpreterBuilder, it.GridExecutor
     if getattr(executor.__call__, "_course_bounds_check", False):

@@ -76,6 +76,8 @@ class Forbidden:
     ops: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
     functions: tuple[str, ...] = ()
+    #: what to call instead, where the contract names a PyTorch op (the error message says it)
+    use: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.ops or self.kernels or self.functions)
@@ -142,8 +144,12 @@ def launched(call: Callable[[], object], forbid: Forbidden) -> list[str]:
     return forbidden_kernels(profile(call, calls=1, warmup=0).kernels, forbid)
 
 
-def ops_message(what: str, bad: list[str]) -> str:
+def ops_message(what: str, bad: list[str], use: str = "") -> str:
+    """The error for forbidden ops; ``use`` (:attr:`Forbidden.use`): what the contract asks for instead."""
     bad = [b.replace("torch.nn.functional.", "F.") for b in bad]       # as a student writes it
+    if use:
+        return (f"{what}: called PyTorch ops {bad}, which its contract does not allow: use {use} (the grader "
+                f"scores such a stage 0)")
     return (f"{what}: called PyTorch ops {bad} where the stage's kernel was asked for (the grader scores "
             f"such a stage 0: its numbers are right because PyTorch computed them)")
 
@@ -161,11 +167,12 @@ def assert_is_kernel(call: Callable[[], object], forbid: Forbidden, what: str, *
     naming the ops if it called what ``forbid`` refuses. On a GPU (``kernels=True``) one more
     call runs under the profiler and is checked for forbidden kernels. Graded tests wrap the
     submission's calls with this; the grader's trials run the same checks."""
+    __tracebackhide__ = True     # pytest: the test's line, then the submission's, not this wrapper
     with watch(forbid) as t:
         out = call()
     bad = called(t, forbid)
     if bad:
-        raise NotAKernel(ops_message(what, bad))
+        raise NotAKernel(ops_message(what, bad, forbid.use))
     if kernels:
         bad = launched(call, forbid)
         if bad:

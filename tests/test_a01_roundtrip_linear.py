@@ -11,6 +11,7 @@ import torch
 
 from common.profiling import fake_cuda, profile, trace_ops
 from common.course.stages import COPY_CLASSES, copy_class, fake_copies, one_copy
+from tests.ids import bias_id
 
 STAGE = "a01_roundtrip_linear"
 MOD = f"{STAGE}.roundtrip_linear"
@@ -166,7 +167,7 @@ def test_counter_keeps_results(mod):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bias", [True, False], ids=bias_id)
 def test_transfer_report_on_gpu(mod, bias):
     torch.manual_seed(0)
     lin = torch.nn.Linear(768, 3072, bias=bias, device="cuda")

@@ -6,6 +6,7 @@ from common import DEVICE
 from common import reference as ref
 from common.profiling import fake_cuda, trace_ops
 from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn
+from tests.ids import bias_id, dtype_id, linear_id
 
 MOD = "a02_pretransposed_linear.pretransposed_linear"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -17,9 +18,9 @@ def mod(impl):
     return impl.load(MOD)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_f,out_f,lead", SHAPES)
-@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("in_f,out_f,lead", SHAPES, ids=[linear_id(c) for c in SHAPES])
+@pytest.mark.parametrize("bias", [True, False], ids=bias_id)
 def test_numerics(mod, dtype, in_f, out_f, lead, bias):
     w = randn(out_f, in_f, dtype=dtype) / in_f**0.5
     b = randn(out_f, dtype=dtype) if bias else None
@@ -31,7 +32,7 @@ def test_numerics(mod, dtype, in_f, out_f, lead, bias):
     assert_close(y_strided, expected, dtype=dtype, scale=scale, name="non-contiguous x")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_fresh_output_each_call(mod, dtype):
     """The same input tensor with new values gives the new answer, and a second call leaves the
     first call's output alone: nothing memoised by address, no output buffer shared by calls."""

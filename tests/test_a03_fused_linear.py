@@ -8,11 +8,16 @@ from common.kernel_check import (BIAS_KERNEL, FUSED_LINEAR, FUSED_LINEAR_NO_BIAS
                                  forbidden_ops)
 from common.profiling import fake_cuda, profile, trace_ops
 from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn
+from tests.ids import bias_id, dtype_id, linear_id, shape_id
 
 BIAS = "a03_fused_linear.add_bias"
 LINEAR = "a03_fused_linear.fused_linear"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-Y_SHAPES = [(1,), (1, 1), (7, 13), (3, 5, 1000), (2, 3, 257)] + ([(64, 4097), (4, 33, 3072)] if HAS_CUDA else [])
+# M (rows: the leading dims' product) above any row block a kernel may choose and a multiple of none: 201 and
+# 1029 rows (a grid of M // BLOCK_M programs leaves the last rows unwritten, on a CPU too).
+Y_SHAPES = [(1,), (1, 1), (7, 13), (3, 5, 1000), (2, 3, 257), (3, 67, 24), (1029, 5)] + (
+    [(64, 4097), (4, 33, 3072)] if HAS_CUDA else [])
+LINEAR_SHAPES = [(1, 7, (1,)), (7, 1000, (3,)), (96, 257, (2, 5)), (40, 4097, (3,))]     # in, out, leading dims
 
 
 @pytest.fixture
@@ -25,8 +30,8 @@ def lin_mod(impl):
     return impl.load(LINEAR)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", Y_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", Y_SHAPES, ids=shape_id)
 def test_add_bias(bias_mod, dtype, shape):
     y = randn(*shape, dtype=dtype)
     b = randn(shape[-1], dtype=dtype)
@@ -36,8 +41,8 @@ def test_add_bias(bias_mod, dtype, shape):
     assert torch.equal(y, y0), "add_bias (out of place) must not modify y"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(7, 13), (3, 5, 1000), (1, 257)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", [(7, 13), (3, 5, 1000), (1, 257), (3, 67, 24)], ids=shape_id)
 def test_add_bias_inplace(bias_mod, dtype, shape):
     y = randn(*shape, dtype=dtype)
     b = randn(shape[-1], dtype=dtype)
@@ -47,7 +52,7 @@ def test_add_bias_inplace(bias_mod, dtype, shape):
     assert_close(y, ref.add_bias(y0, b), dtype=dtype, name="add_bias_ (in place)", inputs={"y": y, "b": b})
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_add_bias_non_contiguous(bias_mod, dtype):
     y = non_contiguous(randn(6, 11, 40, dtype=dtype))
     b = randn(40, dtype=dtype)
@@ -60,7 +65,7 @@ def test_add_bias_non_contiguous(bias_mod, dtype):
 
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_add_bias_strided_b(bias_mod, dtype):
     """b may be non-contiguous (the contract): a strided b must not be read as if contiguous."""
     b = torch.arange(2 * 40, dtype=dtype, device=DEVICE)[::2]  # stride 2: read with stride 1, every value is wrong
@@ -85,7 +90,7 @@ def test_add_bias_is_a_kernel(bias_mod):
         assert rep.n_kernels == 1, f"expected one Triton kernel per call, got {rep.kernels}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_add_bias_inplace_unviewable(bias_mod, dtype):
     """A y whose leading dims cannot be viewed as [rows, N] (rows of a taller tensor): add_bias_ either
     adds in place or raises ValueError (then add_bias takes it), as the contracts say; never a bias added
@@ -126,9 +131,9 @@ def test_add_bias_bad_input(bias_mod):
 
 
 @pytest.mark.parametrize("backend", ["addmm", "triton"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_f,out_f,lead", [(1, 7, (1,)), (7, 1000, (3,)), (96, 257, (2, 5)), (40, 4097, (3,))])
-@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("in_f,out_f,lead", LINEAR_SHAPES, ids=[linear_id(c) for c in LINEAR_SHAPES])
+@pytest.mark.parametrize("bias", [True, False], ids=bias_id)
 def test_fused_linear(lin_mod, backend, dtype, in_f, out_f, lead, bias):
     w = randn(out_f, in_f, dtype=dtype) / in_f**0.5
     b = randn(out_f, dtype=dtype) if bias else None
@@ -157,7 +162,7 @@ def test_fused_linear_from_linear(lin_mod):
     assert_close(lin_mod.FusedLinear.from_linear(lin)(x), ref.linear(x, lin.weight, lin.bias))
 
 
-@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bias", [True, False], ids=bias_id)
 def test_fused_linear_one_gemm_no_transfers(lin_mod, bias):
     """addmm backend on fake CUDA tensors: one GEMM with the bias fused, no host copy."""
     with fake_cuda():

@@ -23,6 +23,7 @@ from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import fake_cuda, profile, trace_ops
 from common.testing import (REL_TOL, assert_close, max_abs_error, non_contiguous, randn, randomize_, rel_error,
                             tiny_gpt2_config)
+from tests.ids import dtype_id, shape_id
 
 MOD = "a04_cuda_gelu.fused_gelu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -69,8 +70,8 @@ def test_plain_ops_baseline_is_eight_ops():
     assert len(t.ops) == 8 and t.count("aten.tanh") == 1, t.ops
 
 
-@pytest.mark.parametrize("fast_math", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fast_math", [False, True], ids=["precise", "fast_math"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_fake_impl(mod, dtype, fast_math):
     """The fake (meta) implementation gives the output's metadata without a GPU or a build."""
     op = mod.op(fast_math)
@@ -95,7 +96,7 @@ def _tiny_fake_model(mod, fast_math=False):
     return mod.patch_model(model, fast_math=fast_math), idx, cfg
 
 
-@pytest.mark.parametrize("fast_math", [False, True])
+@pytest.mark.parametrize("fast_math", [False, True], ids=["precise", "fast_math"])
 def test_patched_forward_calls_op_once_per_block(mod, fast_math):
     """On fake CUDA tensors: a patched forward calls the op (the fast-math one when asked)
     once per block, and no tanh."""
@@ -186,15 +187,15 @@ def test_solution_sources_compile():
 
 # --------------------------------------------------------------------------- GPU: runs
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_matches_reference(mod, dtype, shape):
     x = randn(*shape, dtype=dtype, scale=3.0)
     assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype, scale=x.abs())
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_strided_misaligned_and_empty(mod, dtype):
     base = randn(3, 2 * 1001 + 1, dtype=dtype, scale=3.0)
     for x in (non_contiguous(base), base.t(), base.view(-1)[1:], base.view(-1)[3:1000]):
@@ -204,7 +205,7 @@ def test_strided_misaligned_and_empty(mod, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_extreme_values(mod, dtype):
     big = 6e4 if dtype == torch.float16 else 1e4
     x = torch.tensor([-big, -100.0, -30.0, -9.0, -1e-3, 0.0, 1e-3, 9.0, 30.0, 100.0, big] * 3,
@@ -213,7 +214,7 @@ def test_extreme_values(mod, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_fast_math(mod, dtype):
     """The --use_fast_math build computes the same function, to tanh.approx accuracy."""
     x = randn(3, 5, 4097, dtype=dtype, scale=3.0)
@@ -230,7 +231,7 @@ def test_fast_math(mod, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_one_kernel_per_call(mod, dtype):
     x = randn(1 << 20, dtype=dtype)
     mod.fused_gelu(x)                    # build outside the profile
@@ -265,7 +266,7 @@ def _gpt2_pair(dtype, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_gpt2_patched_logits(mod, dtype):
     """Patched and original GPT-2 give the same logits within the dtype's tolerance."""
     model, idx, expected64 = _gpt2_pair(dtype)
@@ -280,7 +281,7 @@ def test_gpt2_patched_logits(mod, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_torch_compile_gpu(mod, dtype):
     """torch.compile(fullgraph=True, inductor) of the patched model runs the op and matches."""
     import torch._dynamo

@@ -15,6 +15,7 @@ from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import profile, trace_ops
 from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn, randomize_, tiny_gpt2_config
 from common.timing import left_unjoined
+from tests.ids import dtype_id, shape_id
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp(-2u) -> inf, by design
 
@@ -42,7 +43,7 @@ def _run(mod, x):
     return assert_is_kernel(lambda: mod.gelu(x), GELU_KERNEL, "gelu", kernels=x.is_contiguous())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_same_shape_new_values(mod, dtype):
     """Calls with the same shape and new values give new (correct) outputs: nothing is cached. It runs
     first (pytest -x stops at the first failure), so a submission that caches its outputs is told so."""
@@ -59,8 +60,8 @@ def test_fresh_output_each_call(mod):
                            scale=lambda x: x.abs(), name="gelu")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_matches_reference(mod, dtype, shape):
     x = randn(*shape, dtype=dtype, scale=3.0)
     # Measured against |x| too, an output that is ~0 passes wherever x is far below 0 (GELU ~ 0 there).
@@ -70,7 +71,7 @@ def test_matches_reference(mod, dtype, shape):
     assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=dtype, scale=x.abs())
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_strided_offset_and_empty(mod, dtype):
     base = randn(3, 2 * 301 + 1, dtype=dtype, scale=3.0)
     for x in (non_contiguous(base), base.t(), base.view(-1)[1:], base.view(-1)[3:500]):
@@ -91,7 +92,7 @@ def test_underflow_tail_fp32(mod):
         assert_close(_run(mod, x), ref.gelu_tanh(x), dtype=torch.float32, scale=x.abs(), name=f"gelu({v})")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_extreme_values(mod, dtype):
     big = 6e4 if dtype == torch.float16 else 1e4
     x = torch.tensor([-big, -100.0, -30.0, -9.0, -1e-3, 0.0, 1e-3, 9.0, 30.0, 100.0, big] * 3).to(DEVICE, dtype)
@@ -110,7 +111,7 @@ def test_one_op_per_call(mod):
     assert_close(y, ref.gelu_tanh(x), scale=x.abs())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_torch_compile_fullgraph(mod, dtype):
     """torch.compile(fullgraph=True) keeps the op as one node and gets the same numbers."""
     import torch._dynamo
@@ -169,7 +170,7 @@ def test_rejects_bad_input(impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_one_kernel_per_call(mod, dtype):
     x = randn(1 << 20, dtype=dtype)
     mod.gelu(x)                          # autotune outside the profile

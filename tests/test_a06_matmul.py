@@ -22,6 +22,7 @@ from common.impl import REPO
 from common.kernel_check import MATMUL_KERNEL, assert_is_kernel, input_copies
 from common.testing import (assert_as_accurate_as_torch, assert_close, assert_fresh_each_call, assert_fresh_in_graph,
                             non_contiguous, randn, rel_error, torch_matmul)
+from tests.ids import dtype_id, mnk_id
 
 STAGE = "a06_matmul"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -60,9 +61,9 @@ def _ref(a, b, bias=None, activation=None):
 
 
 # ----------------------------------------------------------------------------- Triton
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("epilogue", [None, "bias", "bias_gelu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=mnk_id)
+@pytest.mark.parametrize("epilogue", [None, "bias", "bias_gelu"], ids=["plain", "bias", "bias_gelu"])
 def test_triton_matmul(impl, dtype, shape, epilogue):
     mod = _triton(impl)
     m, n, k = shape
@@ -76,7 +77,7 @@ def test_triton_matmul(impl, dtype, shape, epilogue):
     assert_close(got, _ref(a, b, bias, act), dtype=dtype, name=f"triton {epilogue or 'matmul'}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_triton_autotuned_path(impl, dtype):
     """The default path goes through the autotuner (one small config when interpreted)."""
     mod = _triton(impl)
@@ -92,7 +93,7 @@ def test_triton_autotuned_path(impl, dtype):
 
 
 @pytest.mark.parametrize("b_layout", ["N-major", "K-major"])
-@pytest.mark.parametrize("epilogue", [None, "bias_gelu"])
+@pytest.mark.parametrize("epilogue", [None, "bias_gelu"], ids=["plain", "bias_gelu"])
 def test_triton_tf32_layouts(impl, b_layout, epilogue):
     """fp32 with TF32 allowed: b N-major (a row-major [K, N]) is launched swapped, C^T = B^T A^T
     (SWAP_AB: the bias then runs along the launch's rows); b K-major (weight.t()) is not."""
@@ -171,8 +172,8 @@ def test_linear_gelu_reads_the_weight_in_place(impl):
 LONG_K_SHAPES = [(40, 33, 4096)] if TRITON_INTERPRET else [(256, 320, 8192), (1000, 72, 4104)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", LONG_K_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", LONG_K_SHAPES, ids=mnk_id)
 def test_triton_long_k_as_accurate_as_torch(impl, dtype, shape):
     """At long K the error against float64 is at most a few times torch.matmul's own on the same
     inputs (common.testing.calibrated_tol): accumulate in fp32 from the first K step to the last."""
@@ -233,7 +234,7 @@ def _cuda_case(mod, version, dtype, shape, **kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=mnk_id)
 @pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_cuda_fp32_versions(impl, version, shape):
     _cuda_case(_cuda(impl), version, torch.float32, shape)
@@ -246,8 +247,8 @@ sm80_only = pytest.mark.skipif(SM80_MISSING is not None, reason=SM80_MISSING or 
 
 @pytest.mark.gpu
 @sm80_only
-@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=mnk_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("version", [5, 6])
 def test_cuda_tensor_core_versions(impl, version, dtype, shape):
     _cuda_case(_cuda(impl), version, dtype, shape)
@@ -269,8 +270,8 @@ hopper_only = pytest.mark.skipif(not HOPPER, reason=V7_MISSING or "version 7 nee
 
 @pytest.mark.gpu
 @hopper_only
-@pytest.mark.parametrize("shape", V7_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", V7_SHAPES, ids=mnk_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_cuda_v7_wgmma(impl, dtype, shape):
     _cuda_case(_cuda(impl), 7, dtype, shape)
 

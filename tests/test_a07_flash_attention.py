@@ -19,6 +19,7 @@ from common.kernel_check import (ATTENTION_KERNEL, ATTENTION_TILED, assert_is_ke
                                  largest_new_tensor, tile_message)
 from common.testing import (assert_as_accurate_as_torch, assert_close, assert_fresh_each_call, assert_fresh_in_graph,
                             non_contiguous, randn, rel_error, torch_attention)
+from tests.ids import attention_id, dtype_id
 
 TORCH_MOD = "a07_flash_attention.flash_torch"
 TRITON_MOD = "a07_flash_attention.flash_triton"
@@ -110,9 +111,9 @@ def tiled(impl):
 TORCH_CASES = [((2,), 37, 37, 16), ((2, 3), 130, 130, 32), ((3,), 70, 150, 64), ((1, 2), 150, 61, 32)]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", TORCH_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", TORCH_CASES, ids=attention_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_torch_forward_backward(tiled, case, causal, dtype):
     lead, nq, nk, d = case
     if causal and nq > nk:
@@ -167,7 +168,7 @@ def _largest(what, call, bound, nq, nk, *given):
     return out
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_torch_one_tile_at_a_time(tiled, causal):
     """The contract: never more than one [block_m, block_n] tile of S. Every tensor the forward and
     the backward create (dispatch trace) is at most a tile or an [N, d] tensor per head, on
@@ -221,12 +222,8 @@ GPU_CASES = [((2, 3), 1000, 1000, 64, torch.bfloat16), ((1, 2), 777, 1537, 128, 
              ((1, 2), 300, 333, 128, torch.float32)]
 
 
-def _id(c):
-    return f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{str(c[4]).split('.')[-1]}"
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", TRITON_CASES, ids=_id)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", TRITON_CASES, ids=attention_id)
 def test_triton_forward_backward(tri, case, causal):
     lead, nq, nk, d, dtype = case
     if causal and nq > nk:
@@ -236,7 +233,7 @@ def test_triton_forward_backward(tri, case, causal):
 
 
 @pytest.mark.parametrize("case", [((2,), 37, 45, 80, torch.float32), ((1, 2), 45, 45, 96, torch.bfloat16),
-                                  ((2,), 20, 33, 24, torch.float16)], ids=_id)
+                                  ((2,), 20, 33, 24, torch.float16)], ids=attention_id)
 def test_triton_forward_head_dims_not_a_power_of_two(tri, case):
     """Head dims 80, 96 (GPT-2-like models with n_embd / n_head not a power of two) and 24: the forward
     pads the head dim to a power of two with masks (BLOCK_D); causal and not, O and L against float64.
@@ -252,8 +249,8 @@ def test_triton_forward_head_dims_not_a_power_of_two(tri, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", GPU_CASES, ids=_id)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=attention_id)
 def test_triton_gpu_sizes(tri, case, causal):
     lead, nq, nk, d, dtype = case
     if causal and nq > nk:
@@ -271,9 +268,9 @@ LONG_CASES = ([((1,), 32, 3001, 64)] if TRITON_INTERPRET
               else [((2, 4), 4096, 4096, 64), ((1, 4), 1000, 8195, 128)])
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("case", LONG_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("case", LONG_CASES, ids=attention_id)
 def test_triton_long_keys_as_accurate_as_torch(tri, case, dtype, causal):
     """At long Nk, O and dQ, dK, dV against float64 are at most a few times as far off as
     F.scaled_dot_product_attention's on the same inputs (common.testing.calibrated_tol): keep acc,
@@ -292,7 +289,7 @@ def test_triton_long_keys_as_accurate_as_torch(tri, case, dtype, causal):
         assert_as_accurate_as_torch(g, r, t, dtype=dtype, name=f"{name}, {what}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_triton_rows_without_keys(tri, dtype):
     rows_without_keys(tri.FlashAttentionTriton.apply, dtype, DEVICE)
 

@@ -90,7 +90,7 @@ def test_off_by_one_load_raises_with_a_clear_message():
     msg = str(ei.value)
     first = msg.splitlines()[0]
     assert first.startswith("copy_kernel: tl.load from argument 'x_ptr' out of bounds:"), msg
-    assert "element offsets [1000] lie outside the tensor's 1000 elements" in first, msg
+    assert "element offsets [1000] lie outside the tensor's 1000 elements (shape (1000,))" in first, msg
     assert "first bad lane: lane 232, offset 1000, mask was True" in first, msg
     assert "program_id (3, 0, 0)" in first, msg
     assert "not `offs <= n`" in msg
@@ -262,3 +262,22 @@ def test_device_calls_reuse_the_launch_patches(monkeypatch):
     assert first.count("triton.language") == 1 and set(first) <= {"triton.language", "triton.language.core"}, first
     assert patched == ["triton.language"], patched                              # the launch's own patch only
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)  # undone at the launch's end
+
+
+def test_traceback_shows_the_kernel_line_not_triton_internals(tmp_path):
+    """A failing interpreted kernel under pytest: the kernel's own line, then the course's message,
+    with none of the dozen frames of Triton's interpreter and language in between (their modules
+    carry ``__tracebackhide__``; the kernel's module does not get it from the interpreter)."""
+    import subprocess
+    import sys
+
+    from common.impl import REPO
+    test = tmp_path / "test_oob.py"
+    test.write_text("from tests.test_interpreter_patch import _copy\n\n\ndef test_oob():\n    _copy(load_le=True)\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", str(test), "-q", "--tb=short", "-p", "no:cacheprovider",
+                        "--rootdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = r.stdout
+    assert r.returncode == 1 and "OutOfBoundsError: copy_kernel: tl.load" in out, out[-3000:]
+    assert "x = tl.load(x_ptr + offs, mask=load_mask, other=0.0)" in out, out[-3000:]      # the kernel's line
+    assert "site-packages/triton" not in out and "interpreter.py" not in out, out[-3000:]
+    assert "__tracebackhide__" not in copy_kernel.fn.__globals__

@@ -29,6 +29,16 @@ def test_functions_are_traced_where_no_aten_op_shows():
         kc.assert_is_kernel(lambda: torch.nn.functional.linear(torch.randn(2, 7), w), kc.FUSED_LINEAR["addmm"], "x")
 
 
+def test_a_contract_that_names_an_op_says_which():
+    """FusedLinear's "addmm" backend is one torch.addmm: its error names the op to use, not "a kernel"."""
+    x, w, b = torch.randn(2, 7), torch.randn(7, 4), torch.randn(4)
+    with pytest.raises(kc.NotAKernel, match=r"\['aten.add.Tensor', 'aten.mm.default'\], which its contract does not "
+                                            r"allow: use one torch.addmm\(bias, x2, weight_t\)"):
+        kc.assert_is_kernel(lambda: x @ w + b, kc.FUSED_LINEAR["addmm"], "FusedLinear(backend='addmm')")
+    assert "use x2 @ weight_t (the GEMM), then the stage's add_bias_" in kc.ops_message(
+        "t", ["aten.addmm"], kc.FUSED_LINEAR["triton"].use)
+
+
 def test_largest_new_tensor_skips_inputs_and_counts_storage():
     q = torch.randn(2, 64, 16)
     _, big = kc.largest_new_tensor(lambda: (q[:, :8] * 2, q.transpose(-1, -2)), q)

@@ -136,7 +136,9 @@ def test_stage_without_a_case_and_unknown_stage(monkeypatch, capsys):
     code, err = _front_end(monkeypatch, capsys, "a01")
     assert code == 1 and "has no benchmark case" in err
     code, err = _front_end(monkeypatch, capsys, "a42")
-    assert code == 1 and "no stage 'a42'" in err
+    assert code == 2 and "stage 'a42': no such stage. Stages: a01" in err
+    code, err = _front_end(monkeypatch, capsys, "1")         # stage 1 by its number: the same stage
+    assert code == 1 and "has no benchmark case" in err
 
 
 FAKE_NCU = r'''#!{python}

@@ -31,12 +31,17 @@ def __getattr__(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.impl import StageError, stage_key
     argv = list(sys.argv[1:] if argv is None else argv)
     table = benches()
-    if not argv or argv[0] not in table:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() + f"\n\nstages: {' '.join(table)}", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    stage, rest = argv[0], argv[1:]
+        return 0 if argv else 2
+    try:
+        stage, rest = stage_key(argv[0], list(table)), argv[1:]     # a03, 3, 03 or a03_fused_linear
+    except StageError as e:
+        print(f"python -m common.course.bench: stage {e}", file=sys.stderr)
+        return 2
     ap = argparse.ArgumentParser(add_help=False)
     add_impl_argument(ap)                          # COURSE_IMPL, else assignments
     args, rest = ap.parse_known_args(rest)

@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.course.ncu", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    ap.add_argument("stage", help="a02 ... a08 (the stage's grader performance case)")
+    ap.add_argument("stage", help="a02 ... a08, or 2 ... 8 (the stage's grader performance case)")
     add_impl_argument(ap)
     ap.add_argument("--no-baseline", action="store_true", help="profile the submission only")
     ap.add_argument("--set", dest="section_set", default="basic",
@@ -521,6 +521,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--which", choices=WHICH, default="submission", help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    from common.impl import StageError, stage_key
+    from .stages import STAGES
+    try:
+        a.stage = stage_key(a.stage, [s.key for s in STAGES])     # a05, 5, 05 or a05_triton_gelu
+    except StageError as e:            # the message alone: it lists the stages
+        print(f"{ap.prog}: stage {e}", file=sys.stderr)
+        return 2
     if a.child:
         return _child(a.stage, a.impl, a.which, a.warmup)
     try:

@@ -26,9 +26,10 @@ BIAS_KERNEL = Forbidden(TORCH_ARITH, ATEN_KERNELS)
 #: F.linear, the baseline the stage is timed against, is refused in both.
 FUSED_LINEAR = {
     "addmm": Forbidden(TORCH_ARITH + tuple(op for op in TORCH_GEMM if op != "aten.addmm"),
-                       functions=BASELINE_FUNCTIONS),
+                       functions=BASELINE_FUNCTIONS,
+                       use="one torch.addmm(bias, x2, weight_t): the GEMM with the bias added in its epilogue"),
     "triton": Forbidden(TORCH_ARITH + ("aten.addmm", "aten.linear", "aten.baddbmm", "aten._scaled_mm"),
-                        functions=BASELINE_FUNCTIONS),
+                        functions=BASELINE_FUNCTIONS, use="x2 @ weight_t (the GEMM), then the stage's add_bias_"),
 }
 #: Without a bias either backend is the GEMM x @ W^T alone (no addmm, no arithmetic, no F.linear).
 FUSED_LINEAR_NO_BIAS = FUSED_LINEAR["triton"]

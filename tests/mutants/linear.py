@@ -94,4 +94,8 @@ MUTANTS = [
     Mutant("a03_fused_linear", "add_bias.py", "grid rounded down (the last partial blocks never written)",
            [("grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))", "grid = (M // BLOCK_M, N // BLOCK_N)")],
            grader=("never written (still NaN)",)),
+    # Rows alone rounded down, kept at one program at least: right wherever M fits one block of rows, so
+    # the tests need M above BLOCK_M and not a multiple of it (201 and 1029 rows).
+    Mutant("a03_fused_linear", "add_bias.py", "grid of max(1, M // BLOCK_M) row blocks",
+           [("grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))", "grid = (max(1, M // BLOCK_M), cdiv(N, BLOCK_N))")]),
 ]

@@ -9,8 +9,9 @@ Every stage runs in its own processes with time limits, so a submission that rai
 crashes fails that stage only, and the references and verdicts live in a process that never
 imports the submission. A stage's grade: correctness from the stage's tests and the grader's
 own trials, and on a GPU speed against the PyTorch baseline; the rules are
-:data:`common.course.grade.score.SCORING` (``--help`` prints them). On a machine without a GPU the report
-says "needs a GPU": no numbers are made up.
+:data:`common.course.grade.score.SCORING` (``--help`` prints them). On a machine without a GPU no times
+are made up and no points are given for work that did not run: a stage counts for the share of its
+tests the CPU ran, a stage whose work runs on a GPU only (stage 4) is "ungraded" (0 / 0).
 
 The package, one concern a module:
 

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.course.grade", description=_package.__doc__.split("\n\n")[0],
                                  epilog=SCORING, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_impl_argument(ap)
-    ap.add_argument("--stages", help="comma-separated stage keys, e.g. a01,a05 (default: all)")
+    ap.add_argument("--stages", help="comma-separated stages, e.g. a01,a05 or 1,5 (default: all)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per stage (tests, then trials+timing)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     ap.add_argument("--json-out", type=Path, help="also write the JSON report here")
@@ -37,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sandbox", action="store_true",
                     help="with --submissions: grade without the sandbox (trusted code only; see INSTRUCTORS.md)")
     args = ap.parse_args(argv)
-    stages = args.stages.split(",") if args.stages else None
+    stages = None
+    if args.stages:
+        from common.impl import StageError, stage_list
+        from common.course.stages import STAGES
+        try:
+            stages = stage_list(args.stages, [s.key for s in STAGES])
+        except StageError as e:            # the message alone: it lists the stages
+            print(f"{ap.prog}: --stages {e}", file=sys.stderr)
+            return 2
     if args.submissions:
         return grade_many(args.submissions, args.out, args.jobs, args.timeout, stages, not args.no_tests,
                           sandbox=not args.no_sandbox, memory_gb=args.memory_gb)

@@ -210,7 +210,7 @@ def _judge(stage, trials, found: dict, outputs: list, res: WorkerResult) -> Work
             continue
         bad = forbidden_ops(rec.get("ops", []), rec.get("functions", []), tr.forbid)
         if bad:
-            res.violations.append(ops_message(tr.name, bad))
+            res.violations.append(ops_message(tr.name, bad, tr.forbid.use))
             continue
         bad = forbidden_kernels(rec.get("gpu_kernels", []), tr.forbid)
         if bad:

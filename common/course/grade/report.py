@@ -6,18 +6,20 @@ report (``--json``, ``--json-out``; committed examples: ``lectures/results/grade
 from __future__ import annotations
 
 import shutil
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .result import WorkerResult
-from .score import CORRECT_POINTS, SCORE_DECIMALS
+from .score import CORRECT_POINTS, SCORE_DECIMALS, UNGRADED
 
 
 @dataclass
 class StageResult(WorkerResult):
     """One stage's row: the worker's findings (:class:`~.result.WorkerResult`'s fields; ``correctness``
     and ``message`` here also count the tests: pass | partial (trials passed, a test failed) | fail |
-    needs a GPU), the stage's tests and its score."""
+    pass on CPU | partial on CPU (some graded tests need a GPU) | ungraded (its work runs on a GPU only,
+    graded on a CPU: 0 / 0)), the stage's tests and its score."""
     stage: str
     title: str
     tests_passed: int = 0
@@ -34,6 +36,32 @@ TIMING_COLUMNS = ("ms", "baseline ms", "speedup", "achieved", "roofline", "kerne
 #: timing columns given up first when the table is wider than the terminal
 DROP_ORDER = ("achieved", "H<->D", "eager ms (base)", "kernels", "baseline ms")
 NOT_IMPLEMENTED = "not implemented yet"
+#: the widest line of the full notes under the table
+NOTES_WIDTH = 100
+
+
+def ungraded(results: list[StageResult]) -> list[str]:
+    """The keys of the stages graded on a CPU whose work runs on a GPU only (0 / 0)."""
+    return [r.stage[:3] for r in results if r.correctness == UNGRADED]
+
+
+def cpu_limited(results: list[StageResult]) -> bool:
+    """Whether some stage's maximum shrank to what a CPU could check (score.cpu_share), or is 0 (ungraded)."""
+    return any(r.max_score < CORRECT_POINTS for r in results)
+
+
+def total_line(results: list[StageResult]) -> str:
+    """"total 40 / 40", or on a CPU that could not check everything "total 49.78 / 49.78 of what a CPU
+    can check; a04 ungraded (needs a GPU)": never a full mark for work that did not run."""
+    total = round(sum(r.score for r in results), SCORE_DECIMALS)
+    top = round(sum(r.max_score for r in results), SCORE_DECIMALS)
+    line = f"total {total:g} / {top:g}"
+    skipped = ungraded(results)
+    if skipped or cpu_limited(results):
+        line += " of what a CPU can check"
+        if skipped:
+            line += f"; {', '.join(skipped)} ungraded (needs a GPU)"
+    return line
 
 
 def _tol(tolerance: float | None) -> str:
@@ -57,6 +85,11 @@ def _notes(r: StageResult, timed: bool) -> tuple[str, str]:
     return full, full
 
 
+def _tol(tol: float | None) -> str:
+    """A trial's tolerance as the report shows it: 1e-02, or "exact" (integers, tokens: 0 allowed)."""
+    return "exact" if not tol else f"{tol:.0e}"
+
+
 def table(results: list[StageResult], impl: str, gpu: str, width: int | None = None) -> str:
     """The grade as a table, as wide as the terminal allows. Without any timing (a CPU-only
     machine) the timing columns are left out and a line under the table says why."""
@@ -76,8 +109,9 @@ def table(results: list[StageResult], impl: str, gpu: str, width: int | None = N
                     str(r.host_transfers_per_call),
                     "-" if r.eager_ms is None else f"{r.eager_ms:.3f} ({r.baseline_eager_ms:.3f})"]
         short, full = _notes(r, timed)
+        points = "-" if r.correctness == UNGRADED else f"{r.score:g}/{r.max_score:g}"
         rows.append([r.stage, r.correctness, f"{r.tests_passed}/{r.tests_failed}/{r.tests_skipped}",
-                     f"{r.trials_passed}/{r.trials_total}", err, *perf, f"{r.score:g}/{r.max_score:g}", short])
+                     f"{r.trials_passed}/{r.trials_total}", err, *perf, points, short])
         fulls.append(full)
     keep = [h for h in head if timed or h not in TIMING_COLUMNS]
 
@@ -104,12 +138,13 @@ def table(results: list[StageResult], impl: str, gpu: str, width: int | None = N
     out = [f"impl: {impl}    GPU: {gpu}", "  ".join(h.ljust(w) for h, w in zip(keep, ws)).rstrip(),
            "  ".join("-" * w for w in ws)]
     out += ["  ".join(row[i].ljust(w) for i, w in zip(pick, ws)).rstrip() for row in rows]
-    total = sum(r.score for r in results)
-    out.append(f"total {total:g} / {sum(r.max_score for r in results):g}")
+    out.append(total_line(results))
     if not timed:
         out.append("timing needs a GPU: no times or speedups here; scores count correctness only" if not any(r.max_score > CORRECT_POINTS for r in results) else
                    "no stage was timed: see the notes")
-    notes = [f"  {r.stage}: {full}" for r, full in zip(results, fulls) if r.stage in cut]
+    notes = [textwrap.fill(full, min(width, NOTES_WIDTH), initial_indent=f"  {r.stage}: ", subsequent_indent="    ",
+                           break_long_words=False, break_on_hyphens=False)
+             for r, full in zip(results, fulls) if r.stage in cut]
     if notes:
         out += ["", "notes:", *notes]
     return "\n".join(out)
@@ -138,12 +173,18 @@ def gradescope(results: list[StageResult], seconds: float) -> dict:
         lines += r.violations + ([r.message] if r.message else [])
         if r.borrowed:
             lines.append(f"ran on {', '.join(r.borrowed)} borrowed from solutions/ (--borrow): graded as such")
-        tests.append({"name": f"{r.stage}: {r.title}", "score": r.score, "max_score": r.max_score,
-                      "status": "passed" if r.score == r.max_score else "failed",
+        name = f"{r.stage}: {r.title}"
+        if r.correctness == UNGRADED:       # nothing of it ran here: no points, none to earn, never "passed"
+            name += " (ungraded: needs a GPU)"
+        tests.append({"name": name, "score": r.score, "max_score": r.max_score,
+                      "status": "passed" if r.score == r.max_score and r.correctness != UNGRADED else "failed",
                       "output": "\n".join(lines), "visibility": "visible"})
     board = [{"name": f"{r.stage} speedup", "value": round(r.speedup, 3)} for r in results if r.speedup is not None]
     return {"score": round(sum(r.score for r in results), SCORE_DECIMALS), "execution_time": round(seconds),
-            "output": "Per-stage grade against PyTorch; see each test's output.", "visibility": "visible",
+            "output": "Per-stage grade against PyTorch; see each test's output." + (
+                f" Graded without a GPU: {total_line(results)}; work that only a GPU can run earns no points here."
+                if cpu_limited(results) else ""),
+            "visibility": "visible",
             "stdout_visibility": "visible", "tests": tests, "leaderboard": board}
 
 
@@ -187,5 +228,6 @@ def plots(results: list[StageResult], folder: Path) -> list[Path]:
 def report_json(results: list[StageResult], impl: str, gpu: str, seconds: float) -> dict:
     """The JSON report (``--json``, ``--json-out``)."""
     return {"impl": impl, "gpu": gpu, "seconds": round(seconds, 1),
-            "total": round(sum(r.score for r in results), SCORE_DECIMALS), "max": sum(r.max_score for r in results),
+            "total": round(sum(r.score for r in results), SCORE_DECIMALS),
+            "max": round(sum(r.max_score for r in results), SCORE_DECIMALS), "ungraded": ungraded(results),
             "stages": [{"stage": r.stage, "title": r.title, **asdict(r)} for r in results]}  # stage and title first

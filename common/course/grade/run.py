@@ -17,7 +17,7 @@ from pathlib import Path
 from . import judge
 from .judge import progress, run_stage
 from .report import StageResult
-from .score import FAIL, PARTIAL, PASS, score
+from .score import score
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -95,22 +95,32 @@ def grade_stage(impl: Path, stage, timeout: float, run_tests: bool = True) -> St
                 not_implemented.append(note)
     s = score(tests_passed=passed, tests_failed=failed, trials=w.correctness, violations=bool(w.violations),
               run_tests=run_tests, timed=HAS_CUDA and stage.perf is not None, speedup=w.speedup,
-              perf_target=stage.perf_target)
-    label = s.correctness
-    if gpu_only and not HAS_CUDA and label in (PASS, PARTIAL):
-        # What a CPU cannot check is never shown as a plain pass: the points are those of the CPU's checks.
-        label = f"{label} on CPU ({gpu_only} checks need a GPU)"
-        message = "; ".join(x for x in (message, f"{gpu_only} graded tests run on a GPU only: not yet checked, "
-                                                  "the score counts the tests this machine ran") if x)
+              perf_target=stage.perf_target, tests_gpu_only=0 if HAS_CUDA else gpu_only)
+    note = cpu_note(s, passed, failed, gpu_only, run_tests)
+    message = "; ".join(x for x in (note, message) if x)
     found = {f.name: getattr(w, f.name) for f in fields(w)}     # StageResult extends WorkerResult
-    found.update(correctness=label, message=message, not_implemented=not_implemented)
+    found.update(correctness=s.correctness, message=message, not_implemented=not_implemented)
     return StageResult(stage.folder, stage.title, tests_passed=passed, tests_failed=failed, tests_skipped=skipped,
                        score=s.score, max_score=s.max_score, seconds=round(time.time() - t0, 1), **found)
 
 
+def cpu_note(s, passed: int, failed: int, gpu_only: int, run_tests: bool) -> str:
+    """What a CPU checked of a stage and what it did not (empty when everything ran): "CPU checks
+    pass; 47 GPU checks not run", and for an ungraded stage why it earns nothing."""
+    if not s.ungraded and not gpu_only:
+        return ""
+    cpu = ("CPU checks pass" if not failed else f"CPU checks: {failed} of {passed + failed} fail") \
+        if run_tests and passed + failed else ""
+    gpu = f"{gpu_only} GPU checks not run" if gpu_only else ""
+    if s.ungraded:
+        return "; ".join(x for x in ("ungraded: its graded work runs on a GPU only, so no points here", cpu,
+                                     gpu or "trials not run") if x)
+    return "; ".join(x for x in (cpu, f"{gpu}: the score and its maximum count what this machine ran") if x)
+
+
 def _bar(i: int, n: int, label: str) -> None:
     width = 28
-    done = int(width * i / n)
+    done = int(width * i / max(n, 1))
     line = f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {label}"
     if sys.stderr.isatty():
         print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
@@ -123,10 +133,11 @@ def grade(impl: str, stages: list[str] | None, timeout: float, run_tests: bool =
     """Grade ``impl`` stage by stage. ``borrow`` ("a06,a07"): those stages are taken from solutions/
     where another stage imports them (stage 8 on the reference a06 and a07); each borrowed stage is
     still graded on the impl's own code, and the others' rows say what they ran on."""
-    from common.impl import BORROW_VAR, borrowed, resolve
+    from common.impl import BORROW_VAR, borrowed, resolve, stage_list
     from common.course.stages import STAGES
     root = resolve(impl)
-    todo = [s for s in STAGES if not stages or s.key in stages or s.folder in stages]
+    keys = stage_list(",".join(stages), [s.key for s in STAGES]) if stages else None   # a name of no stage: its error
+    todo = [s for s in STAGES if not keys or s.key in keys]
     saved = os.environ.get(BORROW_VAR)
     if borrow:
         os.environ[BORROW_VAR] = borrow
