@@ -114,6 +114,9 @@ LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNE
 #: must not be named like a vendor kernel ("gemv" is one of BLAS_KERNELS): gemv.py's is _matvec_kernel.
 GEMV_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
 WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + ("aten.copy",), ATEN_KERNELS)
+#: a08's sampler (temperature, top-k, top-p and the draw): a kernel, not PyTorch's softmax, sort or top-k.
+SAMPLER = Forbidden(TORCH_SOFTMAX + ("aten.sort", "aten.topk", "aten.kthvalue", "aten.cumsum", "aten.multinomial",
+                                     "aten.argmax", "aten.max", "aten.div", "aten.where"), ATEN_KERNELS + ACT_KERNELS)
 #: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
 #: argmax of generate, copies), so it is checked for the kernels of the work itself only.
 ENGINE = Forbidden(TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX,

@@ -410,11 +410,13 @@ def _cfg_str(cfg: dict) -> str:
 
 
 def _a08(load, archs: list[Arch], full: bool) -> Iterator[Launch]:
+    from common.impl import Impl
+    load_solutions = Impl.get("solutions").load
     ln = load("a08_gpt2_inference.layernorm")
     dec = load("a08_gpt2_inference.decode_attention")
     kv = load("a08_gpt2_inference.kv_cache")
-    gv = load("a08_gpt2_inference.gemv")
-    smp = load("a08_gpt2_inference.sampling")
+    gv = load_solutions("a08_gpt2_inference.tuned_gemv")      # the tuned path's kernels (given, solutions/ only)
+    smp = load_solutions("a08_gpt2_inference.tuned_sampling")
     nc = -(-50257 // smp.CHUNK)                # sampling.py's kernels over GPT-2's vocabulary
     f32, i32, i64 = _dt(FP32), _dt("int32"), _dt("int64")
     for dt in (FP32, BF16):
