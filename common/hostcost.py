@@ -282,7 +282,10 @@ def _write_kv(load, dev, dt):
 
 
 def _gemv(load, dev, dt):
-    m = load("a08_gpt2_inference.gemv")          # your core GEMV (the tuned path's: tuned_gemv.gemv)
+    try:                                          # the reference: its tuned path's GEMV (solutions/ only)
+        m = load("a08_gpt2_inference.tuned_gemv")
+    except ModuleNotFoundError:                   # a student's tree: its core GEMV
+        m = load("a08_gpt2_inference.gemv")
     x, w, b = _randn(1, 768, device=dev, dtype=dt), _randn(768, 768, device=dev, dtype=dt), _randn(768, device=dev, dtype=dt)
     return (lambda: m.gemv(x, w, b)), (lambda: torch.addmm(b, x, w))
 
