@@ -46,10 +46,10 @@ else:
 #: first that fits the call wins. From the real-shape sweep's losing shapes (H100, each kernel timed
 #: alone over a config grid: EXPERIMENTS.md, a07_shapes_try): dK/dV in 64x64 tiles,
 #: 4 warps, 2 stages at every length (the table's 64x128 sits at 255 registers and spills when
-#: causal; the backward up to 11 % faster at S <= 1537, unchanged beyond the runs' spread above);
-#: the forward in 64x64 tiles, 4 warps, 3 stages up to 1024 queries (more, smaller programs: S = 512
-#: 0.61x -> 0.68x SDPA; at 1000-2048 non-causal it was 2-7 % slower than the table's 128x64), 128x64
-#: beyond (lectures/results/a07_real_shapes.md). fp32 keeps the table (these tiles not measured).
+#: causal; faster at short lengths, unchanged beyond the runs' spread at long ones); the forward in
+#: 64x64 tiles, 4 warps, 3 stages up to 1024 queries (more, smaller programs: faster at S = 512, slower
+#: than the table's 128x64 at 1000-2048 non-causal), 128x64 beyond (lectures/results/a07_real_shapes.md).
+#: fp32 keeps the table (these tiles not measured).
 HALF_D128 = {"fwd": [(1024, _cfg(64, 64, 4, 3))], "dkdv": [(None, _cfg(64, 64, 4, 2))]}
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
 FWD_TUNE = _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)])
