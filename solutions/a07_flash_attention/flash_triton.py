@@ -40,7 +40,7 @@ from common.timing import compile_together
 from common.triton_helpers import dim_mask
 
 from .flash_configs import (CONFIGS, DKDV_TUNE, DQ_TUNE, FWD_TUNE, HALF_D128, LaunchOptions, _kernel,  # noqa: F401
-                            _launch, _options, _smaller, launch_options, smaller_configs)
+                            _launch, _options, _smaller, _tuned, launch_options, smaller_configs)
 
 #: Head dims of the backward kernels (and of the tables' measured configs)
 HEAD_DIMS = (16, 32, 64, 128)
