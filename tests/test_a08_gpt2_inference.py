@@ -25,8 +25,8 @@ import torch
 
 from common import DEVICE, HAS_CUDA
 from common import reference
-from common.kernel_check import (DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, WRITE_KV, assert_is_kernel,
-                                 called, host_syncs, watch)
+from common.kernel_check import (DECODE_ATTENTION, ENGINE, GEMV_KERNEL, LAYERNORM_KERNEL, SAMPLER, WRITE_KV,
+                                 assert_is_kernel, called, host_syncs, watch)
 from common.testing import (REL_TOL, assert_as_accurate_as_torch, assert_close, assert_fresh_each_call,
                             non_contiguous, random_gpt2, randn, rel_error, torch_matmul)
 
@@ -102,6 +102,13 @@ def eng(impl):
 @pytest.fixture
 def gv(impl):
     return impl.load("a08_gpt2_inference.gemv")
+
+
+@pytest.fixture
+def tg():
+    """The tuned path's GEMV (given code beside the reference, solutions/a08_gpt2_inference/tuned_gemv.py)."""
+    from common.impl import load
+    return load("a08_gpt2_inference.tuned_gemv", "solutions")
 
 
 def _nan(shape, dtype, device=DEVICE):
@@ -378,7 +385,35 @@ def test_gemv_epilogues_views_and_default_config(gv, dtype, epilogue, seed):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dt)
 @pytest.mark.parametrize("m", [1, 3, 16], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
-def test_gemv_layernorm_fold_and_residual(gv, dtype, m, split, seed):
+def test_gemv_residual(gv, dtype, m, split, seed):
+    """The projections' epilogue: act(x @ W + b) + residual, the product rounded to x's dtype before the add
+    (the unfused model's rounding), against float64; K = 91, N = 133, both layouts (by M), split 3 ways or
+    not; also the update in place (out=residual), and a residual of the wrong shape refused."""
+    k, n = 91, 133
+    x = randn(m, k, dtype=dtype)
+    w = _gemv_weight(k, n, dtype, "kn" if m != 3 else "nk.t")
+    b, r = randn(n, dtype=dtype), randn(m, n, dtype=dtype)
+    cfg = GEMV_SPLIT if split else GEMV_NO_SPLIT
+    want = _gemv_ref(x, w, b, "gelu_tanh") + r.to("cpu", torch.float64)
+    scale = _gemv_scale(x, w, b) + r.to("cpu", torch.float64).abs()
+    got = assert_is_kernel(lambda: gv.gemv(x, w, b, "gelu_tanh", residual=r, config=cfg), GEMV_KERNEL,
+                           "gemv with a residual")
+    assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
+                 name=f"gemv {m}x{k}: GELU(x @ W + b) + residual, config {cfg}")
+    r2 = r.clone()
+    same = gv.gemv(x, w, b, "gelu_tanh", residual=r2, out=r2, config=cfg)
+    assert same is r2, "gemv must return the out tensor it was given"
+    assert_close(same, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
+                 name=f"gemv {m}x{k}, residual updated in place (out=residual)")
+    with pytest.raises(ValueError, match="residual"):
+        gv.gemv(x, w, residual=randn(m, n + 1, dtype=dtype))
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
+def test_tuned_gemv_layernorm_fold_and_residual(tg, dtype, m, split, seed):
     """The decode step's fused epilogues: act(LayerNorm(x) @ W + b) + residual, the LayerNorm folded into W
     and b by fold_layernorm (the kernel computes each row's statistics), against float64 LayerNorm and
     matmul. x has a mean far from 0 (a row statistic taken over a split, or without the mean, is off);
@@ -387,61 +422,61 @@ def test_gemv_layernorm_fold_and_residual(gv, dtype, m, split, seed):
     x = randn(m, k, dtype=dtype, scale=3.0) + 2.0
     w = _gemv_weight(k, n, dtype, "kn" if m != 3 else "nk.t")
     g, beta, b, r = randn(k, dtype=dtype) + 1.0, randn(k, dtype=dtype), randn(n, dtype=dtype), randn(m, n, dtype=dtype)
-    w_f, b_f, colsum = gv.fold_layernorm(g, beta, w, b)
+    w_f, b_f, colsum = tg.fold_layernorm(g, beta, w, b)
     assert w_f.stride() == w.stride() and b_f.dtype == colsum.dtype == torch.float32, \
         "fold_layernorm: w_f keeps w's layout; bias_f and colsum are fp32"
     cfg = GEMV_SPLIT if split else GEMV_NO_SPLIT
     y_ln = reference.layer_norm(*(t.to("cpu", torch.float64) for t in (x, g, beta)), 1e-5)
     want = _gemv_ref(y_ln, w, b, "gelu_tanh") + r.to("cpu", torch.float64)
     scale = _gemv_scale(y_ln, w, b) + r.to("cpu", torch.float64).abs()
-    got = assert_is_kernel(lambda: gv.gemv(x, w_f, b_f, "gelu_tanh", residual=r, ln_colsum=colsum, eps=1e-5,
+    got = assert_is_kernel(lambda: tg.gemv(x, w_f, b_f, "gelu_tanh", residual=r, ln_colsum=colsum, eps=1e-5,
                                            config=cfg), GEMV_KERNEL, "gemv with the LayerNorm folded in")
     assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
                  name=f"gemv {m}x{k}: GELU(LayerNorm(x) @ W + b) + residual, config {cfg}")
     r2 = r.clone()
-    same = gv.gemv(x, w_f, b_f, "gelu_tanh", residual=r2, ln_colsum=colsum, eps=1e-5, out=r2, config=cfg)
+    same = tg.gemv(x, w_f, b_f, "gelu_tanh", residual=r2, ln_colsum=colsum, eps=1e-5, out=r2, config=cfg)
     assert same is r2, "gemv must return the out tensor it was given"
     assert_close(same, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
                  name=f"gemv {m}x{k}, residual updated in place (out=residual)")
-    with pytest.raises(ValueError, match="residual"):
-        gv.gemv(x, w, residual=randn(m, n + 1, dtype=dtype))
     with pytest.raises(ValueError, match="ln_colsum"):
-        gv.gemv(x, w_f, ln_colsum=colsum[:-1])
+        tg.gemv(x, w_f, ln_colsum=colsum[:-1])
 
 
+@pytest.mark.given
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dt)
-def test_gemv_layernorm_fold_of_a_wide_row(gv, dtype, seed):
+def test_gemv_layernorm_fold_of_a_wide_row(tg, dtype, seed):
     """The fold at one row wider than FOLD_MAX_K (GPT-2 large and XL: the row loaded before the main loop,
     8 values a thread): LayerNorm(x) @ W + b against float64, x with a mean far from 0, K = 1100."""
     k, n = 1100, 67
     x = randn(1, k, dtype=dtype, scale=3.0) + 2.0
     w = _gemv_weight(k, n, dtype, "nk.t")          # K-major, as the engine's decode copies
     g, beta, b = randn(k, dtype=dtype) + 1.0, randn(k, dtype=dtype), randn(n, dtype=dtype)
-    w_f, b_f, colsum = gv.fold_layernorm(g, beta, w, b)
+    w_f, b_f, colsum = tg.fold_layernorm(g, beta, w, b)
     y_ln = reference.layer_norm(*(t.to("cpu", torch.float64) for t in (x, g, beta)), 1e-5)
     want = _gemv_ref(y_ln, w, b, None)
-    got = assert_is_kernel(lambda: gv.gemv(x, w_f, b_f, ln_colsum=colsum, eps=1e-5), GEMV_KERNEL,
+    got = assert_is_kernel(lambda: tg.gemv(x, w_f, b_f, ln_colsum=colsum, eps=1e-5), GEMV_KERNEL,
                            "gemv with the LayerNorm folded in, K = 1100")
     assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=_gemv_scale(y_ln, w, b),
                  name=f"gemv 1x{k}: LayerNorm(x) @ W + b, folded")
 
 
 @pytest.mark.given
-def test_fold_pays_where_the_folded_gemv_fits_one_wave(gv):
-    """gemv.fold_pays, the engine's rule for the LayerNorm fold (given code), on an H100's 132 SMs: 1-2 rows of
+def test_fold_pays_where_the_folded_gemv_fits_one_wave(tg):
+    """tuned_gemv.fold_pays, the tuned path's rule for the LayerNorm fold (given code), on an H100's 132 SMs: 1-2 rows of
     at most 1024 columns always; one row of GPT-2 large or XL where the GEMV's grid fits one wave of 6
     programs an SM (XL's c_attn, 600 programs; large's c_fc, 640), not where it does not (XL's c_fc, 800;
     large's c_attn, 960); never at more rows or wider rows."""
-    assert gv.fold_pays(1, 768, 2304, 132) and gv.fold_pays(2, 1024, 4096, 132)
-    assert gv.fold_pays(1, 1600, 4800, 132) and not gv.fold_pays(1, 1600, 6400, 132)
-    assert gv.fold_pays(1, 1280, 5120, 132) and not gv.fold_pays(1, 1280, 3840, 132)
-    assert not gv.fold_pays(2, 1600, 4800, 132) and not gv.fold_pays(1, 4096, 4800, 132)
-    assert not gv.fold_pays(1, 1600)             # without N and the SM count: no
-    assert gv.preload(1600, 1, 8), "the wide fold must load the row before the main loop (stat_k >= K)"
+    assert tg.fold_pays(1, 768, 2304, 132) and tg.fold_pays(2, 1024, 4096, 132)
+    assert tg.fold_pays(1, 1600, 4800, 132) and not tg.fold_pays(1, 1600, 6400, 132)
+    assert tg.fold_pays(1, 1280, 5120, 132) and not tg.fold_pays(1, 1280, 3840, 132)
+    assert not tg.fold_pays(2, 1600, 4800, 132) and not tg.fold_pays(1, 4096, 4800, 132)
+    assert not tg.fold_pays(1, 1600)             # without N and the SM count: no
+    assert tg.preload(1600, 1, 8), "the wide fold must load the row before the main loop (stat_k >= K)"
 
 
+@pytest.mark.given
 @pytest.mark.parametrize("m", [2, 5], ids=lambda m: f"M{m}")
-def test_gemv_writes_the_kv_cache(gv, kv, m, seed):
+def test_gemv_writes_the_kv_cache(tg, m, seed):
     """c_attn's GEMV with the cache write in its epilogue (kv_cache=...): y as without it, and K and V in the
     cache exactly as write_kv puts them (the same bits), at each row's own position (one of them past the
     cache's end: nothing written), nothing else of the cache touched. Head size 24 (not a power of 2);
@@ -452,16 +487,19 @@ def test_gemv_writes_the_kv_cache(gv, kv, m, seed):
     start = torch.tensor([(3 * i + 1) % s_max for i in range(m - 1)] + [s_max], dtype=torch.int32, device=DEVICE)
     kc, vc = _nan((m, h, s_max, d), torch.float32), _nan((m, h, s_max, d), torch.float32)
     kw, vw = kc.clone(), vc.clone()
-    y = assert_is_kernel(lambda: gv.gemv(x, w, b, kv_cache=(kc, vc, start)), GEMV_KERNEL, "gemv with the KV write")
+    y = assert_is_kernel(lambda: tg.gemv(x, w, b, kv_cache=(kc, vc, start)), GEMV_KERNEL, "gemv with the KV write")
     assert_close(y, _gemv_ref(x, w, b, None), dtype=torch.float32, rel_tol=2 * REL_TOL[torch.float32],
                  scale=_gemv_scale(x, w, b), name="gemv with kv_cache: its output")
-    kv.write_kv(y.view(m, 1, 3 * c), kw, vw, start)
+    for i, pos in enumerate(start.tolist()):                # write_kv's layout: heads of d inside k and v
+        if pos < s_max:
+            kw[i, :, pos] = y[i, c:2 * c].view(h, d)
+            vw[i, :, pos] = y[i, 2 * c:].view(h, d)
     for name, got, want in (("K", kc, kw), ("V", vc, vw)):
         assert torch.equal(got.nan_to_num(7.0).cpu(), want.nan_to_num(7.0).cpu()), (
             f"gemv's cache write: {name} differs from write_kv's on the same output (each row at its position "
             f"start[b], columns C + h·d + j of k and 2C + h·d + j of v; nothing at or past S_max, nothing else)")
     with pytest.raises(ValueError, match="kv_cache"):
-        gv.gemv(x, randn(40, 3 * c + 3), kv_cache=(kc, vc, start))
+        tg.gemv(x, randn(40, 3 * c + 3), kv_cache=(kc, vc, start))
 
 
 def test_gemv_long_k_as_accurate_as_torch(gv, seed):
@@ -720,8 +758,8 @@ def test_decode_logits(eng, tiny_model, dtype, seed):
 
 
 def test_decode_step_runs_every_matmul_on_your_decode_kernel(eng, tiny_model, seed):
-    """Every GEMM of a decode step (4 per block and the LM head) goes through the a08 GEMV (gemv.py)."""
-    engine = _engine(eng, tiny_model)
+    """Every GEMM of a decode step (4 per block and the LM head) goes through the a08 GEMV (gemv.py, the core path)."""
+    engine = eng.GPT2Engine.from_hf(tiny_model, dtype=torch.float32, max_batch=4, tuned=False)
     ids, lengths = engine.pad(_prompts([3, 6], TINY["vocab_size"], seed))
     engine.prefill(ids, lengths)
     calls, gemv = [], eng.gemv
@@ -904,11 +942,28 @@ def test_eos_stops_each_sequence_and_streaming_gives_the_same_tokens(eng, one_la
         engine.generate(prompts, 2, eos_token_id=ONE_LAYER["vocab_size"])
 
 
-def test_sampling_seeds_and_greedy_limits(eng, one_layer_model, seed):
-    """do_sample=True: top_k=1 and a temperature near 0 give the greedy tokens; the same seed (or a
-    torch.Generator in the same state) the same tokens, another seed other tokens; with an EOS, sampled
-    sequences end and are padded as greedy ones."""
-    engine = _engine(eng, one_layer_model, max_batch=2, max_seq_len=40)
+# ------------------------------------------------------------ the sampler (sampling.py) and the engine's two paths
+@pytest.fixture
+def smp(impl):
+    return impl.load("a08_gpt2_inference.sampling")
+
+
+def _tuned_sampling():
+    """The tuned path's sampler (given code beside the reference, solutions/a08_gpt2_inference/tuned_sampling.py)."""
+    from common.impl import load
+    return load("a08_gpt2_inference.tuned_sampling", "solutions")
+
+
+PATHS = [False, True]
+PATH_IDS = ["core", "tuned"]
+
+
+@pytest.mark.parametrize("tuned", PATHS, ids=PATH_IDS)
+def test_sampling_seeds_and_greedy_limits(eng, one_layer_model, tuned, seed):
+    """do_sample=True on the core (your sampler) and on the tuned path: top_k=1 and a temperature near 0 give
+    the greedy tokens; the same seed (or a torch.Generator in the same state) the same tokens, another seed
+    other tokens; bad parameters are refused."""
+    engine = eng.GPT2Engine.from_hf(one_layer_model, dtype=torch.float32, max_batch=2, max_seq_len=40, tuned=tuned)
     prompts = _prompts([4, 7], ONE_LAYER["vocab_size"], seed)
     n = 5
     greedy = engine.generate(prompts, n).tolist()
@@ -922,8 +977,9 @@ def test_sampling_seeds_and_greedy_limits(eng, one_layer_model, seed):
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     assert engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g1).tolist() == \
         engine.generate(prompts, n, do_sample=True, temperature=1.5, generator=g2).tolist(), "same generator state"
-    wide = engine.generate(prompts, n, do_sample=True, top_k=eng.WIDE_TOP_K + 1, seed=7)    # the wide-top-k graph
-    assert all(0 <= t < ONE_LAYER["vocab_size"] for row in wide.tolist() for t in row)
+    if tuned:                                                  # the tuned sampler's wide-top-k graph
+        wide = engine.generate(prompts, n, do_sample=True, top_k=engine.tuned.wide_top_k + 1, seed=7)
+        assert all(0 <= t < ONE_LAYER["vocab_size"] for row in wide.tolist() for t in row)
     for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             engine.generate(prompts, 2, do_sample=True, **bad)
@@ -974,43 +1030,118 @@ def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), chi / 2)) if dof > 0 else 1.0
 
 
-#: (temperature, top_k, top_p); on a CPU (interpreted, ~50 ms a draw) the last one only, with fewer draws
+#: (temperature, top_k, top_p): temperature alone, top-k, top-p, both
 SAMPLING_CASES = [(1.0, 0, 1.0), (0.7, 6, 1.0), (1.3, 0, 0.8), (1.0, 12, 0.7)]
-DRAWS = 20000 if HAS_CUDA else 120
+#: Draws per case: your sampler is a reduction per bisection step, fast under the interpreter too; the
+#: tuned one takes ~50 ms a draw interpreted (on a CPU: its top-p case only, its support only)
+DRAWS = 20000 if HAS_CUDA else 2000
+DRAWS_TUNED_CPU = 120
 
 
-def test_sampled_tokens_follow_transformers_distribution(eng, one_layer_model, seed):
-    """The engine's first-token distribution after a prompt (its prefill logits, its sampling kernel as
-    generate() calls it, DRAWS draws: one a row, each row its own random stream) against transformers'
-    do_sample distribution for the same prompt (its model's logits through its temperature, top-k and
-    top-p warpers): a chi-square test (p > P_FAIL), and no draw outside top-k / the nucleus.
-    On a GPU every case of SAMPLING_CASES with 20000 draws; on a CPU the top-p case."""
-    engine = _engine(eng, one_layer_model, max_batch=1, max_seq_len=40)
-    samp = eng.sample
+@pytest.mark.parametrize("case", SAMPLING_CASES, ids=[f"T{t}-k{k}-p{p}" for t, k, p in SAMPLING_CASES])
+def test_sample_follows_transformers_filters(smp, case, seed):
+    """Your sampler (sampling.sample) on a 40-token vocabulary (not a power of 2), DRAWS draws in a batch of
+    rows that alternate between two different rows of logits, each row its own position: both rows' draws
+    against transformers' temperature, top-k and top-p warpers (_check_draws: a chi-square test, nothing
+    outside the kept tokens, none of the likely ones missing); the same seed gives the same tokens."""
+    t, k, p = case
+    g = torch.Generator().manual_seed(seed)
+    v = 40
+    two = torch.randn(2, v, generator=g) * 2
+    n = DRAWS
+    rows = two.repeat(n // 2, 1).to(DEVICE)                       # row i: logits two[i % 2]
+    pos = torch.arange(n, dtype=torch.int32, device=DEVICE)
+    params, key = smp.SamplingParams(t, k, p).tensor(DEVICE), torch.tensor([seed], device=DEVICE)
+    tok = assert_is_kernel(lambda: smp.sample(rows, params, key, pos), SAMPLER, "sample").cpu()
+    assert tok.shape == (n,) and tok.dtype == torch.int64, f"sample returned {tuple(tok.shape)} {tok.dtype}"
+    for i in range(2):
+        counts = torch.bincount(tok[i::2], minlength=v).double()
+        _check_draws(counts, _hf_probs(two[i], t, k, p), f"sample T={t} top_k={k} top_p={p}, logits row {i}")
+    assert torch.equal(smp.sample(rows, params, key, pos).cpu(), tok), "the same seed gave other tokens"
+
+
+def test_sample_limits_dtypes_and_strided_rows(smp, seed):
+    """Your sampler: top_k=1 and a tiny temperature draw the largest logit (a tie of it in 16 bits); top_k >= V
+    and top_p = 1 keep every token;
+    bf16 and fp16 logits; rows that are a strided view (a row stride larger than V); a row whose logits tie
+    (the draw spreads over all of them); bad inputs raise."""
+    g = torch.Generator().manual_seed(seed)
+    v, n = 29, 64
+    wide = torch.randn(n, v + 7, generator=g).to(DEVICE) * 3
+    rows = wide[:, :v]                                             # row stride v + 7
+    pos = torch.arange(n, dtype=torch.int32, device=DEVICE)
+    key = torch.tensor([seed], device=DEVICE)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        r = rows.to(dt) if dt != torch.float32 else rows
+        for params in (smp.SamplingParams(1.0, 1, 1.0), smp.SamplingParams(1e-4, 0, 1.0), smp.SamplingParams(0.5, 1, 0.3)):
+            got = smp.sample(r, params.tensor(DEVICE), key, pos)      # the argmax, or a tie with it (16 bits)
+            assert torch.equal(r.float().gather(1, got[:, None])[:, 0], r.float().amax(-1)), \
+                f"{params} on {dt} logits: a token below the row's largest logit"
+    many = smp.sample(rows[:1].expand(2000, -1).contiguous(), smp.SamplingParams(1.0, v + 5, 1.0).tensor(DEVICE), key,
+                      torch.arange(2000, dtype=torch.int32, device=DEVICE)).cpu()
+    _check_draws(torch.bincount(many, minlength=v).double(), _hf_probs(rows[0], 1.0, 0, 1.0), "top_k > V: no filter")
+    tied = smp.sample(torch.zeros(400, v, device=DEVICE), smp.SamplingParams(1.0, 3, 1.0).tensor(DEVICE), key,
+                      torch.arange(400, dtype=torch.int32, device=DEVICE)).cpu()
+    assert len(set(tied.tolist())) > v // 2, "tied logits (top-k keeps ties): the draw must spread over all of them"
+    with pytest.raises(ValueError, match="positions"):
+        smp.sample(rows, smp.SamplingParams().tensor(DEVICE), key, pos[:3])
+    with pytest.raises(TypeError, match="params"):
+        smp.sample(rows, smp.SamplingParams().tensor(DEVICE).double(), key, pos)
+
+
+@pytest.mark.parametrize("tuned", PATHS, ids=PATH_IDS)
+def test_sampled_tokens_follow_transformers_distribution(eng, one_layer_model, tuned, seed):
+    """The engine's first-token distribution after a prompt (its prefill logits, the sampler of the path as
+    generate() calls it: your sampling.sample on the core, tuned_sampling.sample on the tuned path) against
+    transformers' do_sample distribution for the same prompt (its model's logits through its temperature,
+    top-k and top-p warpers): a chi-square test (p > P_FAIL), and no draw outside top-k / the nucleus. On a
+    CPU the tuned sampler (interpreted, slow) draws the top-p case only, DRAWS_TUNED_CPU times."""
+    engine = eng.GPT2Engine.from_hf(one_layer_model, dtype=torch.float32, max_batch=1, max_seq_len=40, tuned=tuned)
     prompt = _prompts([6], ONE_LAYER["vocab_size"], seed)[0]
     ids, lengths = engine.pad([prompt])
     logits = engine.prefill(ids, lengths)
     with torch.no_grad():
         hf_logits_last = one_layer_model(torch.tensor([prompt])).logits[0, -1]
-    n = DRAWS
+    slow = tuned and not HAS_CUDA
+    n = DRAWS_TUNED_CPU if slow else DRAWS
     rows = logits.expand(n, -1).contiguous()
     positions = torch.full((n,), len(prompt), dtype=torch.int32, device=engine.device)
-    for t, k, p in SAMPLING_CASES if HAS_CUDA else SAMPLING_CASES[2:3]:
+    key = torch.tensor([1234], device=engine.device)
+    for t, k, p in SAMPLING_CASES[2:3] if slow else SAMPLING_CASES:
         params = eng.SamplingParams(t, k, p).tensor(engine.device)
-        tok = samp(rows, params, torch.tensor([1234], device=engine.device), positions).cpu()
-        probs = _hf_probs(hf_logits_last, t, k, p)
-        counts = torch.bincount(tok, minlength=ONE_LAYER["vocab_size"]).double()
-        _check_draws(counts, probs, f"T={t} top_k={k} top_p={p} (engine draws vs transformers)")
+        if tuned:
+            _, _, nucleus, wide = engine.mode(True, False, k, p)
+            tok = _tuned_sampling().sample(rows, params, key, positions, nucleus_pass=nucleus, wide=wide)
+        else:
+            tok = eng.sample(rows, params, key, positions)
+        counts = torch.bincount(tok.cpu(), minlength=ONE_LAYER["vocab_size"]).double()
+        _check_draws(counts, _hf_probs(hf_logits_last, t, k, p), f"T={t} top_k={k} top_p={p} (engine draws vs transformers)")
+
+
+def test_core_and_tuned_paths_generate_transformers_tokens(eng, one_layer_model, seed):
+    """The same engine on its core (your kernels as they are) and on the tuned path (tuned.py around them):
+    transformers' greedy tokens (fp32) for a right-padded batch, on each path, and set_path switches between
+    them on one engine; the tuned path's options without tuned=True are refused."""
+    engine = eng.GPT2Engine.from_hf(one_layer_model, dtype=torch.float32, max_batch=2, max_seq_len=40, tuned=False)
+    prompts = _prompts([3, 8], ONE_LAYER["vocab_size"], seed)
+    want = [hf_generate(one_layer_model, p, 6) for p in prompts]
+    for tuned in (False, True, False):
+        engine.set_path(tuned)
+        assert (engine.tuned is not None) == tuned
+        got = engine.generate(prompts, 6).tolist()
+        assert got == want, f"{PATH_IDS[tuned]} path: engine {got}, transformers {want}"
+    with pytest.raises(TypeError, match="tuned=True"):
+        engine.set_path(False, pdl=False)
 
 
 @pytest.mark.given
-def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
-    """sampling.sample (given code) on an 8-token vocabulary (a GPU: 200): draws (one a row) at a fixed
-    seed match softmax(logits / T) after top-k / top-p (_check_draws), top-p and top-k never draw
-    outside the kept tokens, the draws differ between rows and repeat with the seed. The cases reach
-    each of the kernel's paths: the candidates (top-k <= KC), top-k beyond the candidates (one program
-    draws exactly), every logit tied (no chunk keeps a candidate), and sampling.argmax is torch.argmax."""
-    smp = impl.load("a08_gpt2_inference.sampling")
+def test_sample_kernel_frequencies_on_a_small_vocabulary(seed):
+    """tuned_sampling.sample (the tuned path's sampler, given code) on an 8-token vocabulary (a GPU: 200): draws
+    (one a row) at a fixed seed match softmax(logits / T) after top-k / top-p (_check_draws), top-p and top-k
+    never draw outside the kept tokens, the draws differ between rows and repeat with the seed. The cases reach
+    each of the kernel's paths: the candidates (top-k <= KC), top-k beyond the candidates (one program draws
+    exactly), every logit tied (no chunk keeps a candidate), and tuned_sampling.argmax is torch.argmax."""
+    smp = _tuned_sampling()
     g = torch.Generator().manual_seed(seed)
     v, n = (200, 50000) if HAS_CUDA else (8, 100)
     logits = torch.randn(v, generator=g) * 2
@@ -1042,33 +1173,51 @@ def test_sample_kernel_frequencies_on_a_small_vocabulary(impl, seed):
         assert smp.argmax(noisy.to(dt)).tolist() == noisy.to(dt).argmax(-1).tolist(), f"argmax {dt}"
 
 
+GPT2_VOCAB_CASES = [(1.0, 0, 1.0, True), (0.8, 50, 1.0, True), (0.8, 0, 0.9, True), (0.8, 50, 0.9, True),
+                    (0.8, 50, 0.9, False), (1.0, 100, 1.0, True), (1.0, 1000, 1.0, False)]
+
+
+def _gpt2_vocab_logits(scale: float, seed: int) -> torch.Tensor:
+    """Logits over GPT-2's 50257 tokens: "peaked" (3.0), "flat" (0.55: a random-weight model's spread, the
+    nucleus below the tuned sampler's candidates) or "sorted" (-3.0: the likely tokens at the lowest ids, as
+    a BPE vocabulary puts its frequent ones). fp32: bf16 logits tie, and ties at a top-p border are kept by
+    the samplers, cut by sort order in transformers."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(50257, generator=g) * abs(scale)
+    return logits.sort(descending=True).values if scale < 0 else logits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [3.0, 0.55, -3.0], ids=["peaked", "flat", "sorted"])
+def test_sample_on_gpt2_vocabulary(smp, scale, seed):
+    """Your sampler over GPT-2's 50257 tokens: 20000 draws against the exact distribution after each filter
+    (_check_draws), top-k up to 1000."""
+    logits = _gpt2_vocab_logits(scale, seed)
+    rows = logits.cuda().expand(20000, -1).contiguous()
+    pos = torch.arange(20000, dtype=torch.int32, device="cuda")
+    for t, k, p, _ in GPT2_VOCAB_CASES:
+        tok = assert_is_kernel(lambda: smp.sample(rows, smp.SamplingParams(t, k, p).tensor("cuda"),
+                                                  torch.tensor([seed], device="cuda"), pos), SAMPLER, "sample").cpu()
+        _check_draws(torch.bincount(tok, minlength=50257).double(), _hf_probs(logits, t, k, p), f"T={t} top_k={k} top_p={p}")
+
+
 @pytest.mark.gpu
 @pytest.mark.given
 @pytest.mark.parametrize("scale", [3.0, 0.55, -3.0], ids=["peaked", "flat", "sorted"])
-def test_sample_kernel_on_gpt2_vocabulary(impl, scale, seed):
-    """sampling.sample over GPT-2's 50257 tokens (25 chunks): 20000 draws against the exact
-    distribution after each filter (_check_draws: chi-square on the cells expected >= 5 times, the rest
-    pooled; none outside the kept tokens, none of the likely ones missing). "flat" logits (a random-weight model's spread) put the nucleus below the
-    chunks' candidates, so top-p is decided by rejection (kernels C and D); top_k=1000 takes the wide
-    candidates (the engine's choice above WIDE_TOP_K); "sorted" puts the likely tokens at the lowest ids, as a BPE vocabulary does with its
-    frequent ones; argmax against torch.argmax."""
-    smp = impl.load("a08_gpt2_inference.sampling")
-    g = torch.Generator().manual_seed(seed)
-    v, n = 50257, 20000
-    logits = torch.randn(v, generator=g) * abs(scale)
-    if scale < 0:                                          # "sorted": the likely tokens at the lowest ids
-        logits = logits.sort(descending=True).values
-    rows = logits.cuda().expand(n, -1).contiguous()       # fp32: bf16 logits tie, and ties at a top-p
-    ref = logits                                           # border are kept here, cut by sort order there
-    pos = torch.arange(n, dtype=torch.int32, device="cuda")
-    for t, k, p, nucleus in [(1.0, 0, 1.0, True), (0.8, 50, 1.0, True), (0.8, 0, 0.9, True), (0.8, 50, 0.9, True),
-                             (0.8, 50, 0.9, False), (1.0, 100, 1.0, True), (1.0, 1000, 1.0, False)]:
-        # nucleus_pass=False with top-k, as the engine calls it; a top-k beyond WIDE_TOP_K: wide, as the engine
+def test_sample_kernel_on_gpt2_vocabulary(scale, seed):
+    """tuned_sampling.sample over GPT-2's 50257 tokens (25 chunks): 20000 draws against the exact distribution
+    after each filter (_check_draws). "flat" logits put the nucleus below the chunks' candidates, so top-p is
+    decided by rejection (kernels C and D); top_k=1000 takes the wide candidates (the engine's choice above
+    WIDE_TOP_K); nucleus_pass=False with top-k, as the engine calls it; argmax against torch.argmax."""
+    smp = _tuned_sampling()
+    logits = _gpt2_vocab_logits(scale, seed)
+    rows = logits.cuda().expand(20000, -1).contiguous()
+    pos = torch.arange(20000, dtype=torch.int32, device="cuda")
+    for t, k, p, nucleus in GPT2_VOCAB_CASES:
         tok = smp.sample(rows, smp.SamplingParams(t, k, p).tensor("cuda"), torch.tensor([seed], device="cuda"), pos,
                          nucleus_pass=nucleus, wide=k > smp.WIDE_TOP_K).cpu()
-        probs = _hf_probs(ref, t, k, p)
-        counts = torch.bincount(tok, minlength=v).double()
-        _check_draws(counts, probs, f"T={t} top_k={k} top_p={p} nucleus_pass={nucleus}")
+        _check_draws(torch.bincount(tok, minlength=50257).double(), _hf_probs(logits, t, k, p),
+                     f"T={t} top_k={k} top_p={p} nucleus_pass={nucleus}")
     assert smp.argmax(rows[:4]).tolist() == rows[:4].argmax(-1).tolist()
 
 
@@ -1159,8 +1308,9 @@ def test_gemv_gpt2_shapes(gv, model, m, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.given
 @pytest.mark.parametrize("model", ["large", "xl"])
-def test_gemv_layernorm_fold_at_gpt2_widths(gv, model, seed):
+def test_gemv_layernorm_fold_at_gpt2_widths(tg, model, seed):
     """The LayerNorm fold at one row as GPT-2 large and XL run it on the GPU (the row loaded before the main
     loop, the engine's configs), c_attn and c_fc in bf16: as accurate as the LayerNorm in float64 then
     torch.matmul on the same inputs."""
@@ -1169,8 +1319,8 @@ def test_gemv_layernorm_fold_at_gpt2_widths(gv, model, seed):
         x = randn(1, c, dtype=torch.bfloat16, scale=3.0) + 1.0
         w = _gemv_weight(c, n, torch.bfloat16, "nk.t")    # K-major, as the engine's decode copies
         g, beta, b = randn(c, dtype=torch.bfloat16) + 1.0, randn(c, dtype=torch.bfloat16), randn(n, dtype=torch.bfloat16)
-        w_f, b_f, colsum = gv.fold_layernorm(g, beta, w, b)
-        got = assert_is_kernel(lambda: gv.gemv(x, w_f, b_f, ln_colsum=colsum), GEMV_KERNEL, f"gemv {name} folded")
+        w_f, b_f, colsum = tg.fold_layernorm(g, beta, w, b)
+        got = assert_is_kernel(lambda: tg.gemv(x, w_f, b_f, ln_colsum=colsum), GEMV_KERNEL, f"gemv {name} folded")
         y_ln = reference.layer_norm(*(t.to("cpu", torch.float64) for t in (x, g, beta)), 1e-5)
         want = _gemv_ref(y_ln, w, b, None)
         base = torch_matmul(torch.nn.functional.layer_norm(x.float(), (c,), g.float(), beta.float()).to(torch.bfloat16),
@@ -1180,10 +1330,21 @@ def test_gemv_layernorm_fold_at_gpt2_widths(gv, model, seed):
 
 
 @pytest.mark.gpu
+def test_gemv_in_a_cuda_graph(gv, seed):
+    """Your split-K gemv captured in a CUDA graph and replayed on new values, three calls in a chain."""
+    _gemv_chain_in_a_graph(gv.gemv, {})
+
+
+@pytest.mark.gpu
+@pytest.mark.given
 @pytest.mark.parametrize("pdl", [False, True], ids=["no-pdl", "pdl"])
-def test_gemv_in_a_cuda_graph(gv, pdl, seed):
-    """Split-K gemv captured in a CUDA graph (with and without programmatic dependent launch: on sm_90+
-    the graph then holds programmatic edges) and replayed on new values, three calls in a chain."""
+def test_tuned_gemv_in_a_cuda_graph(tg, pdl, seed):
+    """The tuned gemv, the same chain, with and without programmatic dependent launch (on sm_90+ the graph
+    then holds programmatic edges)."""
+    _gemv_chain_in_a_graph(tg.gemv, dict(pdl=pdl))
+
+
+def _gemv_chain_in_a_graph(gemv, kw: dict) -> None:
     from common.testing import assert_fresh_in_graph
     k, n = 1600, 1600
     x, w1, w2 = randn(1, k, dtype=torch.bfloat16), _gemv_weight(k, n, torch.bfloat16, "kn"), \
@@ -1191,20 +1352,20 @@ def test_gemv_in_a_cuda_graph(gv, pdl, seed):
     b = randn(n, dtype=torch.bfloat16)
 
     def chain(x, w1, w2, b):
-        y = gv.gemv(x, w1, b, "gelu_tanh", pdl=pdl)
-        return gv.gemv(gv.gemv(y, w2, b, pdl=pdl), w1, pdl=pdl)
+        y = gemv(x, w1, b, "gelu_tanh", **kw)
+        return gemv(gemv(y, w2, b, **kw), w1, **kw)
 
     def ref(x, w1, w2, b):
         y = _gemv_ref(x, w1, b, "gelu_tanh").to(torch.bfloat16)
         return _gemv_ref(_gemv_ref(y, w2, b, None).to(torch.bfloat16), w1, None, None)
-    gv.gemv(x, w1, b)                 # the ticket counters are allocated eagerly, outside the graph
-    assert_fresh_in_graph(chain, dict(x=x, w1=w1, w2=w2, b=b), ref, name=f"three gemv calls, pdl={pdl}",
+    gemv(x, w1, b)                    # the ticket counters are allocated eagerly, outside the graph
+    assert_fresh_in_graph(chain, dict(x=x, w1=w1, w2=w2, b=b), ref, name=f"three gemv calls {kw}",
                           dtype=torch.bfloat16, rel_tol=3e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [False, True], ids=["no-pdl", "pdl"])
-def test_kv_write_then_decode_attention_in_a_cuda_graph(gv, dec, pdl, seed):
+def test_kv_write_then_decode_attention_in_a_cuda_graph(tg, dec, pdl, seed):
     """The decode step's pair, captured and replayed on new values: c_attn's gemv writes the new token's K and
     V into the cache (kv_cache=), then decode_attention reads the cache up to and including that row. With PDL
     the attention's programs start during the gemv and prefetch their cache rows before they wait: the row
@@ -1218,7 +1379,7 @@ def test_kv_write_then_decode_attention_in_a_cuda_graph(gv, dec, pdl, seed):
     kc, vc = randn(b, h, s_max, d, dtype=torch.bfloat16), randn(b, h, s_max, d, dtype=torch.bfloat16)
 
     def step(x, w, kc, vc):
-        qkv = gv.gemv(x, w, kv_cache=(kc, vc, start), pdl=pdl)
+        qkv = tg.gemv(x, w, kv_cache=(kc, vc, start), pdl=pdl)
         return dec.decode_attention(qkv[:, :c].view(b, h, d), kc, vc, lens, pdl=pdl)
 
     def ref(x, w, kc, vc):
@@ -1234,12 +1395,13 @@ def test_kv_write_then_decode_attention_in_a_cuda_graph(gv, dec, pdl, seed):
 
 @pytest.mark.gpu
 def test_engine_gemv_and_pdl_switches_give_the_same_tokens(eng, small_model, seed):
-    """fp32 at GPT-2 small's shape: the engine with the GEMV and PDL (the default on sm_90+), without PDL,
-    and with the a06 matmul for decode (decode_gemv=False) all generate transformers' 32 greedy tokens,
-    decode steps replayed from CUDA graphs."""
+    """fp32 at GPT-2 small's shape: the engine on its core, and on the tuned path with the GEMV and PDL (the
+    default on sm_90+), without PDL, and with the a06 matmul for decode (decode_gemv=False) all generate
+    transformers' 32 greedy tokens, decode steps replayed from CUDA graphs."""
     prompt = _prompts([29], SMALL["vocab_size"], seed)
     want = hf_generate(small_model, prompt[0], 32, device="cuda")
-    for kw in ({}, {"pdl": False}, {"decode_gemv": False, "pdl": False}):
+    for kw in ({"tuned": False}, {"tuned": True}, {"tuned": True, "pdl": False},
+               {"tuned": True, "decode_gemv": False, "pdl": False}):
         engine = eng.GPT2Engine.from_hf(small_model, dtype=torch.float32, max_batch=1, max_seq_len=128, **kw)
         got = engine.generate(prompt, 32).tolist()[0]
         assert got == want, (f"engine {kw or 'default'} (pdl={engine.pdl}): first difference at new token "

@@ -120,6 +120,7 @@ def test_attention_falls_back_where_a_config_does_not_fit(impl, monkeypatch):
     from then on; a forced config (launch_options) is not replaced."""
     from triton.runtime.errors import OutOfResources
     mod = impl.load("a07_flash_attention.flash_triton")
+    cfg = impl.load("a07_flash_attention.flash_configs")     # the launch helpers' module (its fallbacks)
     launched = []
 
     class Fake:
@@ -133,7 +134,7 @@ def test_attention_falls_back_where_a_config_does_not_fit(impl, monkeypatch):
             return launch
 
     fake = Fake()
-    monkeypatch.setattr(mod, "_smaller", {})
+    monkeypatch.setattr(cfg, "_smaller", {})
     kwargs = dict(HEAD_DIM=128, CAUSAL=True, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     mod._launch(fake, (1,), (), dict(kwargs), True)
     assert launched == [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2)], launched
@@ -186,17 +187,18 @@ def test_attention_on_this_gpu_falls_back_only_where_it_must(impl, monkeypatch):
 
     from common import gpu
     mod = impl.load("a07_flash_attention.flash_triton")
-    monkeypatch.setattr(mod, "_smaller", {})
+    cfg = impl.load("a07_flash_attention.flash_configs")     # the launch helpers' module (its fallbacks)
+    monkeypatch.setattr(cfg, "_smaller", {})
     for d in (64, 128):
         for dtype in (torch.bfloat16, torch.float16):
             q, k, v = (torch.randn(1, 2, 700, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
             mod.flash_attention(q, k, v, True).sum().backward()
     if gpu.shared_memory_per_block() >= ARCHS["sm_90"].smem_per_block:
-        assert not mod._smaller, f"on {gpu.describe()} the 16-bit tables fell back: {list(mod._smaller.values())}"
+        assert not cfg._smaller, f"on {gpu.describe()} the 16-bit tables fell back: {list(cfg._smaller.values())}"
     q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", requires_grad=True) for _ in range(3))
     mod.flash_attention(q, k, v, True).sum().backward()
     torch.cuda.synchronize()
-    assert mod._smaller, "fp32 at d = 128 ran without a fallback: its table config now fits?"
+    assert cfg._smaller, "fp32 at d = 128 ran without a fallback: its table config now fits?"
 
 
 @pytest.mark.nvcc

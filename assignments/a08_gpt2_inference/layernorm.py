@@ -4,12 +4,9 @@
     h, y = add_layernorm(x, residual, weight, bias)   # h = x + residual;  y = LayerNorm(h)
     y = layernorm(x, weight, bias)
 
-GPT-2 adds each sub-layer's output to the residual stream and normalises the sum for the
-next sub-layer: ``h = h + attn(...)``, then ``ln_2(h)``. Unfused, that is an add kernel
-(read 2 rows, write 1) and a LayerNorm kernel (read 1, write 1). Fused, one program per
-row reads x and the residual once, writes the new residual h (the next add needs it) and
-y: 4 row-passes of memory instead of 5, and one launch instead of two. In decode, with
-one token per sequence, the launch is what costs, not the bytes.
+GPT-2 adds each sub-layer's output to the residual stream and normalises the sum for the next
+sub-layer: ``h = h + attn(...)``, then ``ln_2(h)``. Fused, one program per row reads x and the
+residual once and writes the new residual h and y: one launch instead of two (an add, a LayerNorm).
 
 One program normalises one row of C (C = n_embd <= BLOCK_C, one block holds the row):
   1. h = x + residual in fp32, rounded to the output dtype (that is what the residual
@@ -35,7 +32,7 @@ def _add_layernorm_kernel(X, R, H, Y, W, B, stride_x, stride_r, stride_h, stride
                           HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
     """One row: H = X + R (if HAS_RESIDUAL), Y = LayerNorm(H) * W + B. Rows are strided
     (stride_*), columns contiguous; statistics in fp32; biased variance (divide by C)."""
-    if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
+    if USE_PDL:   # given: programmatic dependent launch (tuned_gemv.PDL_NOTES): wait for the previous kernel,
         tl.extra.cuda.gdc_wait()                   # then let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 1 (fused residual add + LayerNorm). Program `row` handles one row of C
@@ -133,7 +130,7 @@ def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     weight, bias: [C], contiguous, any float dtype. Statistics in fp32, variance biased
     (divided by C, as ``torch.nn.LayerNorm``); ``y`` normalises ``h`` as stored in x's dtype.
     Returns new contiguous (h, y) in x's dtype, or writes the given ``h_out`` / ``out``.
-    ``pdl=True``: programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES).
+    ``pdl=True``: programmatic dependent launch where the GPU supports it (tuned_gemv.PDL_NOTES).
     """
     if residual is None:
         raise ValueError("residual: expected a tensor (use layernorm() for no residual)")

@@ -22,7 +22,7 @@ A file goes to ``assignments/`` only if the student has something to do in it (a
 or if the stubs need it to import and build (``needed``): the package's ``__init__.py``, the C++
 ``binding.cpp``, the Python loader that builds the stage's CUDA sources (it calls
 ``common.cuda_ext.load_op``), and a given module that a copied file imports from its own stage
-(stage 8's ``sampling.py``). Given code outside those (the benchmarks: ``python -m common.course.bench
+(stage 7's ``flash_configs.py``). Given code outside those (the benchmarks: ``python -m common.course.bench
 aNN --impl assignments`` runs solutions/' bench on your work) stays in ``solutions/``. Given code
 in a copied file is copied as it is, except that references to the solutions tree
 (``solutions.a06_matmul``, ``solutions/a06_matmul``) become ``assignments.``/``assignments/``.
@@ -116,15 +116,15 @@ def needed(rel: Path, text: str) -> bool:
             or (rel.suffix == ".py" and bool(LOADER.search(text))))
 
 
-#: a relative import inside a stage (``from .sampling import ...``): the module it names is needed too
+#: a relative import inside a stage (``from .flash_configs import ...``): the module it names is needed too
 RELATIVE = re.compile(r"^\s*from \.(\w+) import ", re.M)
 
 
 def generated(source: Path = SOURCE) -> dict[Path, bytes]:
     """What ``assignments/`` should hold, file by file (relative paths), hand-written files left out.
 
-    Given modules that a copied file imports from its own stage (``from .sampling import sample``
-    in stage 8's engine) are copied too, as they are: the stubs must import."""
+    Given modules that a copied file imports from its own stage (``from .flash_configs import CONFIGS``
+    in stage 7's flash_triton.py) are copied too, as they are: the stubs must import."""
     out = {}
     files = [rel for rel in _files(source) if not (rel.name in HAND_WRITTEN and len(rel.parts) > 1)
              and rel.suffix in COMMENT]

@@ -10,8 +10,10 @@ Decode at the memory wall (no transformers comparison; GPU only; see each mode's
     python -m solutions.a08_gpt2_inference.bench --step                # decode-step time and % of bandwidth
     python -m solutions.a08_gpt2_inference.bench --profile             # per-kernel time, gaps, PDL on/off
     python -m solutions.a08_gpt2_inference.bench --sampling            # sampling and EOS cost per step vs greedy
-(--step and --profile compare the decode step's three paths: the a06 matmul for its GEMMs, the a08
-gemv, the gemv with programmatic dependent launch; --models / --batches / --prompts select the cases.)
+    python -m solutions.a08_gpt2_inference.bench --core-vs-tuned       # the decode step: core against tuned path
+(--step and --profile compare the tuned path's variants: the a06 matmul for its GEMMs, the a08
+gemv, the gemv with programmatic dependent launch; --core-vs-tuned the engine's core, the impl's
+kernels as they are, against the tuned path over them; --models / --batches / --prompts select the cases.)
 
 Three ways to run the same random-weight GPT-2 (bf16, greedy, no end-of-text stop):
   engine        the impl's GPT2Engine (--impl; default: the tree the command ran from): the course kernels, static KV cache, decode step
@@ -236,6 +238,8 @@ def main(argv=None):
     mode.add_argument("--profile", action="store_true", help="decode-step profile: kernels, bytes, gaps, three paths")
     mode.add_argument("--sampling", action="store_true",
                       help="cost of sampling (temperature, top-k, top-p) and of the EOS check per decode step vs greedy")
+    mode.add_argument("--core-vs-tuned", action="store_true",
+                      help="decode-step GPU time on the engine's core (your kernels) and on the tuned path")
     ap.add_argument("--sweep", nargs="*", default=[], choices=list(MODELS),
                     help="--gemv: also time a few other configs per GEMM of these models (e.g. --sweep xl)")
     ap.add_argument("--runs", type=int, default=2, help="--step: timing runs per case (median reported)")
@@ -245,7 +249,7 @@ def main(argv=None):
     impl = Impl.get(args.impl)
     if not torch.cuda.is_available():
         raise SystemExit("the stage-8 benchmark needs a CUDA GPU (CPU: pytest runs the engine interpreted)")
-    if args.gemv or args.step or args.profile or args.sampling:
+    if args.gemv or args.step or args.profile or args.sampling or args.core_vs_tuned:
         return memory_wall(args, impl, argv)
     args.models = args.models or DEFAULT_MODELS
     args.prompts = args.prompts or [128, 960]
@@ -327,11 +331,13 @@ def write(rows, out: Path, gbps_copy: float, impl: Impl, cmd: str):
 
 
 # =============================================================================== decode at the memory wall
-#: The three ways a decode step can run its GEMMs, for before/after in one run (engine attributes).
+#: The tuned path's ways to run a decode step, for before/after in one run (GPT2Engine.set_path's options).
 PATHS = {"a06 matmul": dict(decode_gemv=False, pdl=False),
          "gemv": dict(decode_gemv=True, pdl=False),
          "gemv + PDL, unfused": dict(decode_gemv=True, pdl=True, fuse_epilogues=False),
          "gemv + PDL": dict(decode_gemv=True, pdl=True)}
+#: --core-vs-tuned: the engine's core (the impl's kernels as they are) and its tuned path (the default options)
+CORE_VS_TUNED = {"core": dict(tuned=False), "tuned": dict(tuned=True)}
 #: --step's cases when --models/--batches/--prompts are not given: the course's floors (batch 1, prompt
 #: 100, every size; XL at batch 16 and prompt 500).
 STEP_CASES = [("small", 1, 100), ("medium", 1, 100), ("large", 1, 100), ("xl", 1, 100), ("xl", 16, 500)]
@@ -354,6 +360,11 @@ def memory_wall(args, impl: Impl, argv) -> None:
                  [(m, b, p) for m in (args.models or ["small", "xl"]) for b in (args.batches or [1])
                   for p in (args.prompts or [100])])
         text = step_table(impl, cases, args.runs, gbps_copy, head, cmd, out_dir)
+    elif args.core_vs_tuned:
+        cases = (STEP_CASES if args.models is None and args.batches is None and args.prompts is None else
+                 [(m, b, p) for m in (args.models or ["small", "xl"]) for b in (args.batches or [1])
+                  for p in (args.prompts or [100])])
+        text = step_table(impl, cases, args.runs, gbps_copy, head, cmd, out_dir, CORE_VS_TUNED, "a08_core_vs_tuned")
     elif args.sampling:
         cases = [(m, b, p) for m in (args.models or ["small"]) for b in (args.batches or [1, 8])
                  for p in (args.prompts or [128])]
@@ -486,7 +497,7 @@ def gemv_table(impl: Impl, models: list[str], sweep: list[str], gbps_copy: float
     layout and on the K-major one: the faster of the two counts) on GPT-2's decode GEMMs; GB/s = weight
     bytes / time per call; the gemv's ratio to cuBLAS (>= 1: the gemv reads its weight at least as fast).
     Weights out of L2 (rotated_ms). Writes a08_gemv.{md,csv}. H100 estimate: 2-4 minutes, +1-2 with --sweep xl."""
-    gv = impl.load("a08_gpt2_inference.gemv")
+    gv = Impl.get("solutions").load("a08_gpt2_inference.tuned_gemv")     # the tuned path's GEMV
     mm = impl.load("a06_matmul.matmul_triton").matmul
     dt, rows, sweeps = torch.bfloat16, [], []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -609,12 +620,10 @@ def engine_for(eng_mod, name: str, batch: int, ctx: int, hf=None):
     return engine
 
 
-def use_path(eng_mod, engine, decode_gemv: bool, pdl: bool, fuse_epilogues: bool = True) -> None:
-    """Switch the engine's decode path (PATHS), remake its decode weights, and drop its captured graphs."""
-    engine._graphs.clear()
-    engine.decode_gemv, engine.fuse_epilogues = decode_gemv, fuse_epilogues
-    engine.pdl = eng_mod.resolve_pdl(pdl, engine.device)
-    engine.prepare_decode_weights()
+def use_path(eng_mod, engine, tuned: bool = True, **options) -> None:
+    """Switch the engine's decode path (PATHS: the tuned path's options; CORE_VS_TUNED), remake its decode
+    weights, and drop its captured graphs (GPT2Engine.set_path)."""
+    engine.set_path(tuned, **options)
     torch.cuda.empty_cache()
 
 
@@ -663,11 +672,13 @@ def replay_ms(engine, graph, b: int, ctx: int, runs: int) -> list[float]:
     return out
 
 
-def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: str, out_dir: Path) -> str:
-    """Decode-step GPU time (graph replay) per (model, batch, prompt) and path: ms/step, the bytes a step
-    must read (weights + KV cache at the mean context of the run) over that time, and that against the copy
-    bandwidth. Writes a08_decode_step.{md,csv}. H100 estimate for the default cases: 4-6 minutes (building
-    the random-weight models dominates: XL is 1.6 B parameters, initialised on the CPU)."""
+def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: str, out_dir: Path,
+               paths: dict = PATHS, name: str = "a08_decode_step") -> str:
+    """Decode-step GPU time (graph replay) per (model, batch, prompt) and path (``paths``: PATHS, or
+    CORE_VS_TUNED): ms/step, the bytes a step must read (weights + KV cache at the mean context of the run)
+    over that time, and that against the copy bandwidth. Writes ``name``.{md,csv}. H100 estimate for the
+    default cases: 4-6 minutes (building the random-weight models dominates: XL is 1.6 B parameters,
+    initialised on the CPU)."""
     eng_mod = impl.load("a08_gpt2_inference.engine")
     rows = []
     by_model: dict[str, list] = {}
@@ -682,7 +693,7 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
             engine = engine_for(eng_mod, model, b, p, hf)
             nbytes = step_bytes(engine, b, p + 1 + STEPS // 2)
             first = None
-            for path, kw in PATHS.items():
+            for path, kw in paths.items():
                 use_path(eng_mod, engine, **kw)
                 try:
                     ms = step_ms(engine, b, p, runs)
@@ -705,27 +716,38 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
                                  GBps=nbytes / med / 1e6, of_copy=nbytes / med / 1e6 / gbps_copy,
                                  logits_vs_first_path=err))
                 print(f"{model} B={b} P={p} {path}: {med:.4f} ms/step ({rows[-1]['of_copy']:.0%} of copy) "
-                      f"runs {rows[-1]['runs_ms']}; logits vs the a06 path: {err:.1e}", flush=True)
+                      f"runs {rows[-1]['runs_ms']}; logits vs the first path: {err:.1e}", flush=True)
             del engine
             torch.cuda.empty_cache()
         del hf
         torch.cuda.empty_cache()
-    _write_csv(out_dir / "a08_decode_step.csv", rows)
+    _write_csv(out_dir / f"{name}.csv", rows)
     floors = {"small": 0.30, "medium": 0.40, "large": 0.50, "xl": 0.60}
-    lines = [f"# Stage 8: the decode step against the memory wall ({torch.cuda.get_device_name()})", "",
+    if paths is CORE_VS_TUNED:
+        title = "the decode step on the engine's core and on its tuned path"
+        what = ("Paths: `core`, the engine on the impl's own kernels as the handout has them written (LayerNorm, "
+                "GEMV, KV write, decode attention as kernels of their own: 9 a block, no programmatic dependent "
+                "launch); `tuned`, the tuned path over them (tuned.py: the tuned GEMV with its K-major weights "
+                "and fused epilogues, programmatic dependent launch, the one-kernel embedding), the reference "
+                "engine's default. `logits`: one eager step's logits against the core's on the same cache "
+                "(relative error; bf16 paths round differently, a wrong kernel is off by ~1).")
+    else:
+        title = "the decode step against the memory wall"
+        what = ("Paths: the a06 matmul for the decode GEMMs (the engine before the gemv; LayerNorm "
+                "and residual adds as their own kernels); the a08 gemv with the fused epilogues (the LayerNorms "
+                "folded into the GEMV after them where it pays, tuned_gemv.fold_pays: all but the last at small "
+                "and medium, one a block at large and XL; the KV-cache write in c_attn's GEMV, the residual adds "
+                "in the projections': 6 kernels a block, 7 at large and XL); the same with programmatic dependent "
+                "launch on every a08 kernel of the step, without the fusions (`unfused`: LayerNorm and write_kv as "
+                "kernels of their own, 9 a block, the step before them) and with them. `logits`: one eager "
+                "step's logits against the a06 path's on the same cache (relative error; bf16 paths round "
+                "differently, a wrong kernel is off by ~1).")
+    lines = [f"# Stage 8: {title} ({torch.cuda.get_device_name()})", "",
              head + ".", "", f"Command: `{cmd}`", "",
              f"bf16, random weights; one decode step replayed from its CUDA graph, {STEPS} replays between two "
              f"CUDA events per run, median of {runs} runs (each listed). Bytes: every weight once + the KV cache "
              f"at the run's mean context (prompt + 1 + {STEPS // 2}). `of copy`: those bytes / time, over the copy "
-             "bandwidth. Paths: the a06 matmul for the decode GEMMs (the engine before the gemv; LayerNorm "
-             "and residual adds as their own kernels); the a08 gemv with the fused epilogues (the LayerNorms "
-             "folded into the GEMV after them where it pays, gemv.fold_pays: all but the last at small and "
-             "medium, one a block at large and XL; the KV-cache write in c_attn's GEMV, the residual adds in "
-             "the projections': 6 kernels a block, 7 at large and XL); the same with programmatic dependent launch on every a08 "
-             "kernel of the step, without the fusions (`unfused`: LayerNorm and write_kv as kernels of their "
-             "own, 9 a block, the step before them) and with them. `logits`: one eager "
-             "step's logits against the a06 path's on the same cache (relative error; bf16 paths round "
-             "differently, a wrong kernel is off by ~1).", "",
+             "bandwidth. " + what, "",
              "| model | batch | prompt | path | ms/step | runs | MB/step | GB/s | of copy | floor | logits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -739,7 +761,7 @@ def step_table(impl: Impl, cases, runs: int, gbps_copy: float, head: str, cmd: s
                      f"{r['runs_ms']} | {r['step_MB']:,.0f} | {r['GBps']:,.0f} | {r['of_copy']:.1%} | {mark} | "
                      f"{r['logits_vs_first_path']:.1e} |")
     text = "\n".join(lines) + "\n"
-    (out_dir / "a08_decode_step.md").write_text(text)
+    (out_dir / f"{name}.md").write_text(text)
     return text
 
 

@@ -3,11 +3,9 @@
     from solutions.a08_gpt2_inference.decode_attention import decode_attention
     o = decode_attention(q, k_cache, v_cache, lengths)   # q [B, H, d]; caches [B, H, S_max, d]
 
-In decode every sequence brings ONE new query per head, and it attends to all the keys
-in the cache. Stage 7's forward parallelises over query tiles: here there is one query,
-so one program per (sequence, head) would leave most of the GPU idle at batch 1
-(GPT-2 small: 12 programs on 132 SMs) while it walks the whole cache alone. Flash-
-decoding splits the KEYS instead:
+In decode every sequence brings ONE new query per head, and it attends to all the keys in the
+cache. One program per (sequence, head) would leave most of the GPU idle at batch 1 (GPT-2 small:
+12 programs on 132 SMs) while it walks the whole cache alone. Flash-decoding splits the KEYS instead:
 
   1. _decode_split    program (split, b·h): the keys [start, end) of its slice of the
                       sequence's own length; online softmax over them in BLOCK_N chunks
@@ -16,13 +14,9 @@ decoding splits the KEYS instead:
                       With one split it writes the final output directly.
   2. _decode_combine  program b·h: O = sum_s 2^(L_s - L) O_s with L = log2 sum_s 2^L_s.
 
-``lengths[b]`` is the number of valid cache positions of sequence b (the new token's key
-included): a batch of prompts of different lengths decodes together, and slots past a
-sequence's length (padding, stale values) are never read. The number of splits depends
-only on shapes (B·H and S_max), never on the lengths' values, so a decode step has
-static shapes and no host synchronisation: it can be captured in a CUDA graph.
-
-Run: ``pytest tests/test_a08_gpt2_inference.py -k decode_attention``.
+``lengths[b]`` is the number of valid cache positions of sequence b (the new token's key included);
+slots past it are never read. The number of splits depends only on shapes (B·H and S_max), never on
+the lengths' values: no host synchronisation, so a decode step can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -52,11 +46,9 @@ def _prefetch_l2(ptrs):
 def _prefetch_cache(K, V, LENS, skb, skh, skn, svb, svh, svn, H,
                     NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, KEYS: tl.constexpr,
                     LINE: tl.constexpr):
-    """Given. Ask L2 for the K and V rows of this program's first KEYS keys (one prefetch per LINE-element
-    line of a row), BEFORE the PDL wait, so that they arrive while the previous kernel (c_attn's GEMV) still
-    runs. Safe before the wait: LENS may still be changing, but its value only picks which lines are asked
-    for; no cache row before the new token's is written in this step, and the new token's row, which the
-    previous kernel writes, is written to L2, which a prefetch to L2 never makes stale."""
+    """Given (tuned path: only with PDL). Ask L2 for the K and V rows of this program's first KEYS keys, BEFORE
+    the PDL wait, so that they arrive while the previous kernel (c_attn's GEMV) still runs. Safe: LENS's
+    value only picks which lines are asked for, and a prefetch to L2 never makes the new token's row stale."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -88,7 +80,7 @@ def _decode_split(Q, K, V, LENS, O, O_PART, L_PART,
     PREFETCH (keys; 0: none): the given L2 prefetch of the slice's first keys, before the PDL wait."""
     if PREFETCH > 0:   # given: ask for the cache rows this program will read, before waiting (_prefetch_cache)
         _prefetch_cache(K, V, LENS, skb, skh, skn, svb, svh, svn, H, NUM_SPLITS, BLOCK_D, BLOCK_N, PREFETCH, LINE)
-    if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
+    if USE_PDL:   # given: programmatic dependent launch (tuned_gemv.PDL_NOTES): wait for the previous kernel,
         tl.extra.cuda.gdc_wait()                   # then let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 2a (one split of the keys). Program (split, bh): b = bh // H, h = bh % H.
@@ -213,19 +205,14 @@ def _num_splits(batch_heads: int, max_seq_len: int, block_n: int, device: int | 
     return int(max(1, min(want, cdiv(max_seq_len, block_n), 64)))
 
 
-#: Keys of its slice each split program asks L2 for before the PDL wait (two BLOCK_N chunks).
-PREFETCH_KEYS = 128
-#: ... as long as all of them together stay under this share of the GPU's L2 (an upper bound: B·H·S_max rows
-#: of K and V; the lengths are on the device). Measured on the H100, bf16, decode step with PDL, against no
-#: prefetch in the same run: batch 1, prompt 100: GPT-2 small 0.272 -> 0.269 ms, medium 0.621 -> 0.616, large
-#: 1.147 -> 1.142, XL 2.027 -> 1.983 (the cache fits: 1-7 MB); XL at batch 16, prompt 500 (a 60 MB cache a
-#: layer, larger than L2): 3.43 -> 3.53 ms, slower, which this share keeps off.
-PREFETCH_L2_SHARE = 0.25
+#: Keys of its slice each split program asks L2 for before the PDL wait (two BLOCK_N chunks), as long as
+#: all of them stay under PREFETCH_L2_SHARE of the GPU's L2 (B·H·S_max rows of K and V: an upper bound).
+#: On the H100 it helped where the cache fits L2 and slowed XL at batch 16 (EXPERIMENTS.md).
+PREFETCH_KEYS, PREFETCH_L2_SHARE = 128, 0.25
 
 
 def prefetch_keys(k_cache: torch.Tensor) -> int:
-    """The split kernel's PREFETCH for a launch WITH PDL (only then does the prefetch overlap the previous
-    kernel; PDL never runs under the CPU interpreter, which cannot run the prefetch instruction):
+    """The split kernel's PREFETCH for a launch WITH PDL (only then does it overlap the previous kernel):
     PREFETCH_KEYS where the caches' K and V (two of ``k_cache``) fit PREFETCH_L2_SHARE of L2, else 0."""
     cache_bytes = 2 * k_cache.numel() * k_cache.element_size()
     return PREFETCH_KEYS if cache_bytes <= PREFETCH_L2_SHARE * l2_bytes(k_cache.device) else 0
@@ -235,15 +222,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      splits: int | None = None, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """softmax(q·kᵀ/sqrt(d)) v for one new query per (sequence, head), against a KV cache.
 
-    q: [B, H, d] (any strides with the last dim contiguous, e.g. a view of the fused QKV
-    output); k_cache, v_cache: [B, H, S_max, d], last dim contiguous; all one float dtype
-    (fp32/fp16/bf16) on the kernel device. lengths: int32 [B] on the same device, the
-    number of valid keys of each sequence, 1 <= lengths[b] <= S_max (not checked on the
-    host: reading it would synchronise; positions >= lengths[b] are never read).
-    Returns [B, H, d] in q's dtype (or writes ``out``, contiguous, that shape and dtype).
-    ``splits`` forces the number of key slices per (sequence, head) (default: num_splits()).
-    Accumulates in fp32; no host synchronisation (capturable in a CUDA graph). ``pdl=True``: both
-    kernels launch with programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES).
+    q: [B, H, d] (last dim contiguous, e.g. a view of the fused QKV output); k_cache, v_cache:
+    [B, H, S_max, d], last dim contiguous; one float dtype on the kernel device. lengths: int32 [B], the
+    valid keys of each sequence, 1 <= lengths[b] <= S_max (not checked: reading it would synchronise).
+    Returns [B, H, d] in q's dtype (or writes ``out``, contiguous). ``splits`` forces the key slices per
+    (sequence, head) (default: num_splits()). Accumulates in fp32; capturable in a CUDA graph. ``pdl=True``:
+    programmatic dependent launch where the GPU supports it (the tuned path: tuned_gemv.PDL_NOTES).
     """
     try:   # the call's key: everything its checks and decisions read (lecture 3, "Host overhead")
         key = (meta(q), meta(k_cache), meta(v_cache), meta(lengths), meta(out), splits, bool(pdl))

@@ -4,11 +4,10 @@
     cache = KVCache(n_layer=12, batch=4, n_head=12, head_dim=64, max_seq_len=1024, dtype=torch.bfloat16)
     write_kv(qkv, cache.k[layer], cache.v[layer], start)   # qkv [B, T, 3C] from c_attn
 
-Without a cache, token t+1 recomputes the keys and values of all t tokens before it:
-quadratic work for a sequence. With one, each step computes K and V for the new token
-only and appends them. The cache is allocated ONCE for S_max positions ([n_layer, B, H,
-S_max, d] for K and again for V): nothing is allocated or copied while decoding, shapes
-never change, and a decode step can be captured in a CUDA graph.
+Without a cache, token t+1 recomputes the keys and values of all t tokens before it. With one,
+each step computes K and V for the new token only and appends them. The cache is allocated ONCE
+for S_max positions ([n_layer, B, H, S_max, d] for K and again for V): nothing is allocated while
+decoding, shapes never change, and a decode step can be captured in a CUDA graph.
 
 Memory: every token of every sequence keeps one key and one value vector per head per
 layer, ``2 · n_layer · n_head · d · itemsize`` bytes (GPT-2 small in bf16: 36 KiB a
@@ -40,7 +39,7 @@ def _write_kv_kernel(QKV, K_CACHE, V_CACHE, START, T, H, S_MAX, s_row, s_cb, s_c
     K_CACHE[b, h, START[b] + t, :] = k[h, :] and V_CACHE likewise for every head h
     (cache strides s_cb, s_ch, s_cn; last dim contiguous; the two caches share strides).
     Positions >= S_MAX are not written. HEAD_DIM is padded to BLOCK_D (a power of two) with a mask."""
-    if USE_PDL:   # given: programmatic dependent launch (gemv.PDL_NOTES): wait for the previous kernel,
+    if USE_PDL:   # given: programmatic dependent launch (tuned_gemv.PDL_NOTES): wait for the previous kernel,
         tl.extra.cuda.gdc_wait()                   # then let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
     # TODO(a08): kernel 3 (append K and V to the cache). Program `row` = b * T + t:
@@ -91,7 +90,7 @@ def write_kv(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, st
     """Copy the k and v parts of ``qkv`` [B, T, 3C] into ``k_cache``/``v_cache`` [B, H, S_max, d]
     at positions ``start[b] + t`` (start: int32 [B] on the device). qkv rows contiguous
     (row stride free); caches one layer's view of :class:`KVCache`, same dtype as qkv.
-    ``pdl=True``: programmatic dependent launch where the GPU supports it (gemv.PDL_NOTES)."""
+    ``pdl=True``: programmatic dependent launch where the GPU supports it (tuned_gemv.PDL_NOTES)."""
     check_tensor(qkv, "qkv", dtypes=FLOAT_DTYPES, ndim=3)
     check_caches(qkv, k_cache, v_cache, start, "qkv")
     b, t, three_c = qkv.shape

@@ -29,6 +29,9 @@ LAYERNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM, ATEN_KERNELS + NORM_KERNE
 #: must not be named like a vendor kernel ("gemv" is one of BLAS_KERNELS): gemv.py's is _matvec_kernel.
 GEMV_KERNEL = Forbidden(TORCH_GEMM + TORCH_ARITH + TORCH_GELU, BLAS_KERNELS + ATEN_KERNELS + ACT_KERNELS)
 WRITE_KV = Forbidden(TORCH_ARITH + TORCH_SCATTER + ("aten.copy",), ATEN_KERNELS)
+#: a08's sampler (temperature, top-k, top-p and the draw): a kernel, not PyTorch's softmax, sort or top-k.
+SAMPLER = Forbidden(TORCH_SOFTMAX + ("aten.sort", "aten.topk", "aten.kthvalue", "aten.cumsum", "aten.multinomial",
+                                     "aten.argmax", "aten.max", "aten.div", "aten.where"), ATEN_KERNELS + ACT_KERNELS)
 #: An engine step legitimately runs a few PyTorch kernels (the embedding gather, lengths + 1, the
 #: argmax of generate, copies), so it is checked for the kernels of the work itself only.
 ENGINE = Forbidden(TORCH_GEMM + TORCH_ATTENTION + TORCH_NORM + TORCH_GELU + TORCH_SOFTMAX,
@@ -555,7 +558,10 @@ def _hc_write_kv(load, dev, dt):
 
 
 def _hc_gemv(load, dev, dt):
-    m = load("a08_gpt2_inference.gemv")
+    try:                                          # the reference: its tuned path's GEMV (solutions/ only)
+        m = load("a08_gpt2_inference.tuned_gemv")
+    except ModuleNotFoundError:                   # a student's tree: its core GEMV
+        m = load("a08_gpt2_inference.gemv")
     x, w, b = torch.randn(1, 768, device=dev, dtype=dt), torch.randn(768, 768, device=dev, dtype=dt), torch.randn(768, device=dev, dtype=dt)
     return (lambda: m.gemv(x, w, b)), (lambda: torch.addmm(b, x, w))
 
@@ -579,8 +585,10 @@ def portability_launches(load, archs: list[Arch], full: bool) -> Iterator[Launch
     ln = load("a08_gpt2_inference.layernorm")
     dec = load("a08_gpt2_inference.decode_attention")
     kv = load("a08_gpt2_inference.kv_cache")
-    gv = load("a08_gpt2_inference.gemv")
-    smp = load("a08_gpt2_inference.sampling")
+    from common.impl import Impl
+    load_solutions = Impl.get("solutions").load
+    gv = load_solutions("a08_gpt2_inference.tuned_gemv")      # the tuned path's kernels (given, solutions/ only)
+    smp = load_solutions("a08_gpt2_inference.tuned_sampling")
     nc = -(-50257 // smp.CHUNK)                # sampling.py's kernels over GPT-2's vocabulary
     f32, i32, i64 = _dt(FP32), _dt("int32"), _dt("int64")
     for dt in (FP32, BF16):

@@ -1,12 +1,12 @@
 """Buggy variants of stage 8 (GPT-2 inference: fused residual + LayerNorm, flash-decoding
-attention, the KV-cache write, the decode GEMV, the engine's decode step). Each must make at least one graded
+attention, the KV-cache write, the decode GEMV, the sampler, the engine's decode step). Each must make at least one graded
 test of tests/test_a08_gpt2_inference.py fail. Everything runs under the Triton interpreter on
 a CPU: the kernels against float64 with NaN past every sequence's length, the decode step
 against transformers on a right-padded batch of different prompt lengths."""
 from . import Mutant
 
 S = "a08_gpt2_inference"
-LN, DEC, KV, ENG, GV = "layernorm.py", "decode_attention.py", "kv_cache.py", "engine.py", "gemv.py"
+LN, DEC, KV, ENG, GV, SMP = "layernorm.py", "decode_attention.py", "kv_cache.py", "engine.py", "gemv.py", "sampling.py"
 
 #: The decode step's attention call, the line most of the engine's mutants edit.
 ATTEND = "att = decode_attention(q, cache.k[i, :b], cache.v[i, :b], new_lengths, pdl=pdl)"
@@ -71,19 +71,27 @@ MUTANTS = [
 
     # ---- kernel 4, the decode GEMV: test_gemv*
     Mutant(S, GV, "split-K partials not all summed",
-           [("mask=(s < SPLIT_K)[:, None, None]", "mask=(s < SPLIT_K - 1)[:, None, None]")]),
+           [("for s in range(0, SPLIT_K):", "for s in range(0, SPLIT_K - 1):")]),
     Mutant(S, GV, "bias added to every split's partial sum",
-           [("        tl.store(part, acc, mask=mask)\n",
+           [("        tl.store(part + split * M * N, acc, mask=mask)\n",
              "        if HAS_BIAS:\n"
              "            acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]\n"
-             "        tl.store(part, acc, mask=mask)\n")]),
+             "        tl.store(part + split * M * N, acc, mask=mask)\n")]),
     Mutant(S, GV, "W's column stride ignored (assumes N contiguous)",
-           [("offs_k[None, :, None] * stride_wk + tl.arange(0, BLOCK_N)[None, None, :] * stride_wn",
-             "offs_k[None, :, None] * stride_wk + tl.arange(0, BLOCK_N)[None, None, :]")]),
+           [("offs_n[None, :].to(tl.int64) * stride_wn", "offs_n[None, :].to(tl.int64)")]),
     Mutant(S, GV, "every split runs to the end of K", [("k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)", "k_hi = K")]),
-    Mutant(S, GV, "tl.dot path: W's column stride ignored (assumes N contiguous)",
-           [("w_offs = tl.arange(0, BLOCK_N)[:, None] * stride_wn + offs_k[None, :] * stride_wk",
-             "w_offs = tl.arange(0, BLOCK_N)[:, None] + offs_k[None, :] * stride_wk")]),
+    Mutant(S, GV, "x's K stride ignored (assumes x contiguous)",
+           [("offs_k[None, :] * stride_xk", "offs_k[None, :]")]),
+
+    # ---- the sampler: test_sample_*
+    Mutant(S, SMP, "top-k keeps one token too many",
+           [("holds = tl.sum((key >= mid[:, None]).to(tl.int32), axis=1) >= k",
+             "holds = tl.sum((key >= mid[:, None]).to(tl.int32), axis=1) > k")]),
+    Mutant(S, SMP, "top-p measured over every token, not the top-k",
+           [("e = tl.where(key >= kth[:, None], tl.exp(", "e = tl.where(key > -2147483649, tl.exp(")]),
+    Mutant(S, SMP, "the draw without its noise (greedy)",
+           [("tok = tl.argmax(tl.where(kept, x + g, float(\"-inf\")), axis=1)",
+             "tok = tl.argmax(tl.where(kept, x, float(\"-inf\")), axis=1)")]),
 
     # ---- the decode step: test_decode_logits, test_generate_matches_transformers
     Mutant(S, ENG, "decode writes the cache at lengths + 1", [(WRITE, WRITE.replace("lengths))", "new_lengths))"))]),

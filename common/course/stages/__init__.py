@@ -38,28 +38,39 @@ from common import HAS_CUDA
 from .base import CALLS, DTYPE_CYCLE, Load, NeedsGPU, Perf, Run, Stage, Trial, nan_safe, perf_cases, tensors
 
 SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
-#: The stages' spec modules, in order: ``solutions.aNN_name.stage`` for each folder that has one.
-STAGE_MODULES: list[ModuleType] = [importlib.import_module(f"solutions.{p.parent.name}.stage")
-                                   for p in sorted(SOLUTIONS.glob("a[0-9][0-9]_*/stage.py"))]
-#: The course's stages, in order: each module's ``STAGE``.
-STAGES: list[Stage] = [m.STAGE for m in STAGE_MODULES]
+
+
+def _registry() -> tuple[list[ModuleType], list[Stage]]:
+    """:data:`STAGE_MODULES` and :data:`STAGES`, found on first use (not at import: a stage module imports
+    ``base`` from this package, so importing one stage module first must not need the others finished)."""
+    if "STAGES" not in globals():
+        modules = [importlib.import_module(f"solutions.{p.parent.name}.stage")
+                   for p in sorted(SOLUTIONS.glob("a[0-9][0-9]_*/stage.py"))]
+        globals().update(STAGE_MODULES=modules, STAGES=[m.STAGE for m in modules])
+    return globals()["STAGE_MODULES"], globals()["STAGES"]
 
 
 def by_key(key: str) -> Stage:
-    for s in STAGES:
+    for s in _registry()[1]:
         if key in (s.key, s.folder):
             return s
-    raise KeyError(f"no stage {key!r}; stages: {[s.key for s in STAGES]}")
+    raise KeyError(f"no stage {key!r}; stages: {[s.key for s in _registry()[1]]}")
 
 
 def stage_module(key: str) -> ModuleType:
     """The spec module of a stage (``a05`` or ``a05_triton_gelu``)."""
-    return STAGE_MODULES[STAGES.index(by_key(key))]
+    modules, stages = _registry()
+    return modules[stages.index(by_key(key))]
 
 
 def __getattr__(name: str):
-    """A name one stage module defines (``A06_SHAPES``, ``a08_decode_case``), importable from here."""
-    for m in STAGE_MODULES:
+    """``STAGE_MODULES`` (the stages' spec modules, ``solutions.aNN_name.stage`` for each folder that has
+    one, in order), ``STAGES`` (each module's ``STAGE``), and any name a stage module defines
+    (``A06_SHAPES``, ``a08_decode_case``), importable from here."""
+    modules, _ = _registry()
+    if name in globals():
+        return globals()[name]
+    for m in modules:
         if name in vars(m):
             return vars(m)[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
