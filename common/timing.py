@@ -180,8 +180,8 @@ def unjoined_difference(early: list[torch.Tensor], final: list[torch.Tensor]) ->
     return None
 
 
-#: cycles the caller's stream is kept busy before a probed call (torch.cuda._sleep: about 2 ms on a
-#: GPU clocked near 1.5 GHz), so that work the call puts on a stream that waits on the caller's starts
+#: cycles the caller's stream is kept busy before a probed call (torch.cuda._sleep: milliseconds at a
+#: GPU's clock, long against a launch), so that work the call puts on a stream that waits on the caller's starts
 #: together with the read that follows the call
 PROBE_BUSY_CYCLES = 3_000_000
 
