@@ -197,7 +197,9 @@ def left_unjoined(call: Callable[[], object], *, busy: bool = True) -> str | Non
     unjoined kernel still running or waiting loses the race. Twice: as is (work on a stream of its own
     starts at once) and, with ``busy``, behind :data:`PROBE_BUSY_CYCLES` of work on the caller's stream
     (work on a side stream that waits on the caller's becomes ready together with the read). At a size
-    where the call's kernels take longer than a launch (tens of microseconds), unjoined work shows."""
+    where the call's kernels take longer than a launch (tens of microseconds), unjoined work shows.
+    ``call`` must compute on new values each time: the allocator may hand the call an output buffer that
+    still holds an earlier call's answer, which an early read would take for the finished one."""
     caller = torch.cuda.current_stream()
     reader = torch.cuda.Stream(priority=-100)            # beyond the range: the highest priority there is
     for delay in ((False, True) if busy else (False,)):
@@ -316,7 +318,10 @@ def bench_fresh(inputs: Callable[[torch.Generator], dict], submission: Callable[
                 baseline(inp)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    unjoined = left_unjoined(lambda: submission(pool[0]))
+    def fresh_call():                  # new values each probe: a reused buffer may hold an earlier call's answer
+        refill(pool[0])
+        return submission(pool[0])
+    unjoined = left_unjoined(fresh_call)
     if unjoined:                       # the stage fails on it: nothing to time
         return FreshTiming("not timed: work left unjoined", [], [], [], unjoined=unjoined)
 

@@ -693,8 +693,11 @@ def test_wrong_cuda_gelu_earns_nothing(tmp_path):
 
 def test_stage_test_ids_are_readable_and_the_mutant_hints_exist():
     """Stages 1-7 name their cases (test_add_bias[7x13-fp32], not [shape2-dtype0]), and every test
-    tests/mutants/first_failures.json names for them is still collected under that id."""
+    tests/mutants/first_failures.json names for them is still collected under that id (on a CPU: the hints
+    are the CPU mutation checks', and a GPU collects other cases)."""
     import re
+    if HAS_CUDA:
+        pytest.skip("the mutant hints name the CPU's cases; a GPU collects other ones")
     files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_a0[1-7]_*.py"))
     r = subprocess.run([sys.executable, "-m", "pytest", *files, "--collect-only", "-q", "-p", "no:cacheprovider"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
