@@ -67,11 +67,12 @@ def outcomes(request, tmp_path_factory):
                 results.update(json.loads(out.read_text()))
     caught = sum(r["caught"] for r in results.values())
     not_run = sum(m.gpu and not HAS_CUDA and m.id in chosen for m in MUTANTS)
-    slow = sorted(results.items(), key=lambda kv: -kv[1].get("seconds", 0))[:5]
+    slow = sorted(results.items(), key=lambda kv: -kv[1].get("cpu", 0))[:5]
     stale = sorted(k for k, r in results.items() if r.get("caught") and not r.get("hint_used"))
     print(f"\nmutation checks: {caught} of {len(ids)} mutants caught "
-          f"({not_run} GPU-only mutants not run on this machine); slowest: "
-          + ", ".join(f"{k} {r.get('seconds', '?')} s" for k, r in slow)
+          f"({not_run} GPU-only mutants not run on this machine) in "
+          f"{sum(r.get('cpu', 0) for r in results.values()):.0f} s of CPU; the most CPU: "
+          + ", ".join(f"{k} {r.get('cpu', '?')} s ({r.get('seconds', '?')} s of wall time)" for k, r in slow)
           + (f"; {len(stale)} caught by another test than tests/mutants/first_failures.json names (refresh it: "
              f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --write-hints ID ...): {stale[:5]}" if stale else ""))
     return results, "\n".join(logs)
