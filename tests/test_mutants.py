@@ -92,6 +92,15 @@ def test_every_mutant_applies():
     assert not broken, "\n".join(broken)
 
 
+def test_a_stale_hint_tries_its_test_function_then_the_whole_file():
+    """mutants.run grades a mutant on the hinted test, then (where that passes or no longer exists: ids
+    renamed) every case of the same test function, then the whole file, until one fails."""
+    from mutants.run import _targets
+    assert _targets("t.py", "test_x[M15-fp32]") == ["t.py::test_x[M15-fp32]", "t.py::test_x", "t.py"]
+    assert _targets("t.py", "test_x") == ["t.py::test_x", "t.py"]
+    assert _targets("t.py", None) == ["t.py"]
+
+
 def test_mutant_ids_are_unique():
     ids = [m.id for m in MUTANTS]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)

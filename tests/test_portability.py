@@ -43,7 +43,8 @@ def _needed(session) -> tuple[list[str], bool]:
     one test (the mutation checks run the one that caught a mutant first) compiles for its family only."""
     archs, verify = set(), False
     for item in session.items:
-        if item.module.__name__ != __name__ or "compiled" not in getattr(item, "fixturenames", ()):
+        if getattr(getattr(item, "module", None), "__name__", None) != __name__ or \
+                "compiled" not in getattr(item, "fixturenames", ()):
             continue
         name = item.originalname
         verify |= name == "test_facts_file_says_what_the_compiler_says"
@@ -75,6 +76,22 @@ def compiled(request, impl, tmp_path_factory):
     print(f"\ncross-compile ({'full' if FULL else 'quick'} tier): {p.stdout.strip().splitlines()[-1] if p.stdout else ''}"
           f" [{seconds:.0f} s]")
     return by_arch, p.stdout, seconds
+
+
+def test_a_run_of_one_test_compiles_for_the_families_it_reads():
+    """The mutation checks run one test of this file at a time: its family alone is compiled, and the facts
+    file is re-checked only where the test that checks it runs (a run of the whole file: everything)."""
+    from types import SimpleNamespace as NS
+    this = sys.modules[__name__]
+
+    def item(name, **params):
+        return NS(module=this, fixturenames=("compiled",), originalname=name,
+                  callspec=NS(params=params) if params else None)
+    assert _needed(NS(items=[item("test_every_kernel_fits", arch="sm_80")])) == (["sm_80"], False)
+    assert _needed(NS(items=[item("test_h100_runs_its_tables_as_they_are")])) == (["sm_90"], False)
+    assert _needed(NS(items=[item("test_facts_file_says_what_the_compiler_says")])) == (list(ARCHS), True)
+    assert _needed(NS(items=[item("test_every_kernel_fits", arch=a) for a in ("sm_75", "sm_86")])) == \
+        (["sm_86", "sm_75"], False)
 
 
 def _lines(rs: list[dict]) -> str:
