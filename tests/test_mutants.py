@@ -74,7 +74,7 @@ def outcomes(request, tmp_path_factory):
           f"{sum(r.get('cpu', 0) for r in results.values()):.0f} s of CPU; the most CPU: "
           + ", ".join(f"{k} {r.get('cpu', '?')} s ({r.get('seconds', '?')} s of wall time)" for k, r in slow)
           + (f"; {len(stale)} caught by another test than tests/mutants/first_failures.json names (refresh it: "
-             f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --write-hints ID ...): {stale[:5]}" if stale else ""))
+             f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --update-hints ID ...): {stale[:5]}" if stale else ""))
     return results, "\n".join(logs)
 
 

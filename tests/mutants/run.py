@@ -1,11 +1,13 @@
-"""Grade mutants in one process: ``python -m mutants.run OUT.json [--write-hints] [--claims DIR] ID [ID ...]``
-(tests/ on sys.path).
+"""Grade mutants in one process: ``python -m mutants.run OUT.json [--write-hints | --update-hints] [--claims DIR]
+ID [ID ...]`` (tests/ on sys.path).
 
 For each mutant: copy solutions/ to a temporary folder, apply the edits, and run the
 stage's graded tests (``Mutant.marker``) on that copy with ``pytest.main`` (``-x``: the first failure is
 enough), the test named in first_failures.json first and alone, then the other cases of its test
 function, then the whole file, until one fails (``--write-hints`` regrades every
-given mutant on its whole test file and records which test caught it first). Each copy imports under
+given mutant on its whole test file and records which test caught it first; ``--update-hints`` grades as
+the check does and records the test that caught each mutant, at a check's cost; without IDs, either grades
+every mutant this machine runs but those graded in a process of their own). Each copy imports under
 its own package name (common.impl), so one process
 can grade many mutants without reloading torch and triton every time. With ``--claims DIR``
 several such processes share one list: each takes the next mutant no other has claimed (an
@@ -138,14 +140,19 @@ def run(ids: list[str], claims: Path | None = None, hints: bool = True) -> dict[
 
 if __name__ == "__main__":
     args = sys.argv[2:]
-    claims, write_hints = None, False
+    claims, write_hints, update_hints = None, False, False
     if args[:1] == ["--write-hints"]:           # grade every mutant on the whole file, record its first failure
         write_hints, args = True, args[1:]
+    elif args[:1] == ["--update-hints"]:        # grade as the check does, record the test that caught it
+        update_hints, args = True, args[1:]     # where that is not its hint (a stale one): a check's cost
     if args[:1] == ["--claims"]:
         claims, args = Path(args[1]), args[2:]
+    if not args and (write_hints or update_hints):     # every mutant this machine grades that shares a process
+        from common import HAS_CUDA
+        args = [m.id for m in all_mutants() if (HAS_CUDA or not m.gpu) and not m.isolated]
     found = run(args, claims, hints=not write_hints)
     Path(sys.argv[1]).write_text(json.dumps(found, indent=1))
-    if write_hints:
+    if write_hints or update_hints:
         hints = json.loads(HINTS.read_text()) if HINTS.exists() else {}
         hints.update({mid: r["first_failure"][0] for mid, r in found.items() if r.get("first_failure")})
         HINTS.write_text(json.dumps(dict(sorted(hints.items())), indent=1) + "\n")
