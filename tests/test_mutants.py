@@ -26,6 +26,15 @@ from mutants import all_mutants
 MUTANTS = all_mutants()
 GRADER_MUTANTS = [m for m in MUTANTS if m.grader is not None]
 WORKERS = int(os.environ.get("COURSE_MUTANT_WORKERS", "2"))
+#: The test files whose mutants take the most CPU (a cross-compile; GPT-2 and attention under the Triton
+#: interpreter, in the tests and in the grader's trials): their mutants are handed out first, so that the
+#: processes sharing one list end together, on quick ones.
+HEAVY_FIRST = ("test_portability.py", "test_a08_gpt2_inference.py", "test_a07_flash_attention.py")
+
+
+def _heavy_first(mutants: list) -> list:
+    return sorted(mutants, key=lambda m: HEAVY_FIRST.index(m.test_file) if m.test_file in HEAVY_FIRST
+                  else len(HEAVY_FIRST))
 
 
 def _chosen(request, param: str) -> set[str]:
@@ -43,16 +52,17 @@ def outcomes(request, tmp_path_factory):
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
     chosen = _chosen(request, "mutant")
-    run = [m for m in MUTANTS if (HAS_CUDA or not m.gpu) and m.id in chosen]
+    run = _heavy_first([m for m in MUTANTS if (HAS_CUDA or not m.gpu) and m.id in chosen])
     ids = [m.id for m in run]
     shared = [m.id for m in run if not m.isolated]
     tmp = tmp_path_factory.mktemp("mutants")
     claims = tmp / "claims"
     claims.mkdir()
     # WORKERS processes share one list of mutants; a mutant that patches torch or the harness gets a
-    # process of its own (after the shared ones, WORKERS at a time).
-    jobs = [(tmp / f"w{w}.json", ["--claims", str(claims), *shared]) for w in range(min(WORKERS, len(shared)))]
-    jobs += [(tmp / f"iso{n}.json", [m.id]) for n, m in enumerate(run) if m.isolated]
+    # process of its own (before the shared ones, WORKERS at a time, so that the run ends on the shared
+    # list, whose processes end together).
+    jobs = [(tmp / f"iso{n}.json", [m.id]) for n, m in enumerate(run) if m.isolated]
+    jobs += [(tmp / f"w{w}.json", ["--claims", str(claims), *shared]) for w in range(min(WORKERS, len(shared)))]
 
     def grade(job):
         out, args = job
@@ -101,6 +111,14 @@ def test_a_stale_hint_tries_its_test_function_then_the_whole_file():
     assert _targets("t.py", None) == ["t.py"]
 
 
+def test_heavy_mutants_are_handed_out_first():
+    """The files HEAVY_FIRST names exist, and their mutants lead the shared lists in that order."""
+    assert all((REPO / "tests" / f).is_file() for f in HEAVY_FIRST), HEAVY_FIRST
+    files = [m.test_file for m in _heavy_first(MUTANTS)]
+    heavy = [f for f in files if f in HEAVY_FIRST]
+    assert files[:len(heavy)] == sorted(heavy, key=HEAVY_FIRST.index)
+
+
 def test_mutant_ids_are_unique():
     ids = [m.id for m in MUTANTS]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
@@ -128,7 +146,8 @@ def grader_outcomes(request, tmp_path_factory):
     the submission runs in the judge's worker processes, as in ``common.course.grade --no-tests``)."""
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
-    ids = [m.id for m in GRADER_MUTANTS if m.id in _chosen(request, "gmutant") and (HAS_CUDA or not m.gpu)]
+    chosen = _chosen(request, "gmutant")
+    ids = [m.id for m in _heavy_first(GRADER_MUTANTS) if m.id in chosen and (HAS_CUDA or not m.gpu)]
     tmp = tmp_path_factory.mktemp("grader_mutants")
     claims = tmp / "claims"
     claims.mkdir()
