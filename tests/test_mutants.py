@@ -22,6 +22,7 @@ import pytest
 from common import HAS_CUDA
 from common.impl import REPO, resolve
 from mutants import all_mutants
+from tests.autograder import one_thread_per_process
 
 MUTANTS = all_mutants()
 GRADER_MUTANTS = [m for m in MUTANTS if m.grader is not None]
@@ -44,7 +45,11 @@ def _chosen(request, param: str) -> set[str]:
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    """The grading processes' environment: tests/ importable, and one thread each for torch's and NumPy's
+    operations (WORKERS of them side by side; tests/autograder.py's one_thread_per_process)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    one_thread_per_process(env)
+    return env
 
 
 @pytest.fixture(scope="module")
