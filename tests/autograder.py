@@ -89,9 +89,9 @@ COLD_CACHE = 100
 #: Triton interpreter, nvcc and the graders' subprocesses each keep one core busy.
 CPU_SELF_CHECK = "CPU-only run of the whole suite with --mutants"
 
-#: The test files that take longest on a 2-core CPU machine, slowest first (seconds of CPU: the mutation
-#: pools about 350, one unit of work; the grader's whole-tree runs 360, the notebooks 120, a test at a time;
-#: stage 8 about 120; the nvcc compiles 20-40 a file), started first so that the last to finish are short.
+#: The test files that take longest on a 2-core CPU machine, slowest first (the mutation pools, one unit of
+#: work; the grader's whole-tree runs and the notebooks, a test at a time; stage 8; the nvcc compiles; the
+#: mutation check's summary gives its CPU time), started first so that the last to finish are short.
 SLOW_FILES = ("test_mutants.py", "test_grader.py", "test_notebooks.py", "test_a08_gpt2_inference.py",
               "test_a07c_flash_hopper.py", "test_a06_matmul.py", "test_a07_flash_attention.py", "test_course.py",
               "test_portability.py", "test_ncu.py", "test_colab.py", "test_a04_cuda_gelu.py")
