@@ -26,7 +26,8 @@ Named files (``pytest tests/test_a03_fused_linear.py``, the grader) and ``--muta
 one process too. On a CPU-only machine the other way round: a ``--mutants`` run over whole folders
 (``make test``, CI's 2 cores) goes to one worker per core (up to 4), since the Triton interpreter, nvcc
 and the graders' subprocesses each keep one core busy; a test file at a time (the tests of
-``SPLIT_FILES`` one at a time), the slowest first (``SLOW_FILES``), so that the run ends on short ones.
+``SPLIT_FILES`` one at a time), the slowest first (``SLOW_FILES``), so that the run ends on short ones;
+each of its processes uses one thread for torch's and NumPy's operations (``THREAD_VARS``, unless set).
 Other CPU-only runs stay in one process. ``COURSE_WORKERS=N`` sets the number of workers for any run
 (``0`` or ``1``: one process); ``-n`` wins over both.
 """
@@ -88,9 +89,9 @@ COLD_CACHE = 100
 #: Triton interpreter, nvcc and the graders' subprocesses each keep one core busy.
 CPU_SELF_CHECK = "CPU-only run of the whole suite with --mutants"
 
-#: The test files that take longest on a 2-core CPU machine, slowest first (seconds of CPU: the mutation
-#: pools about 350, one unit of work; the grader's whole-tree runs 360, the notebooks 120, a test at a time;
-#: stage 8 about 120; the nvcc compiles 20-40 a file), started first so that the last to finish are short.
+#: The test files that take longest on a 2-core CPU machine, slowest first (the mutation pools, one unit of
+#: work; the grader's whole-tree runs and the notebooks, a test at a time; stage 8; the nvcc compiles; the
+#: mutation check's summary gives its CPU time), started first so that the last to finish are short.
 SLOW_FILES = ("test_mutants.py", "test_grader.py", "test_notebooks.py", "test_a08_gpt2_inference.py",
               "test_a07c_flash_hopper.py", "test_a06_matmul.py", "test_a07_flash_attention.py", "test_course.py",
               "test_portability.py", "test_ncu.py", "test_colab.py", "test_a04_cuda_gelu.py")
@@ -98,6 +99,20 @@ SLOW_FILES = ("test_mutants.py", "test_grader.py", "test_notebooks.py", "test_a0
 #: subprocesses): spread a test at a time. The others go to one worker a file at a time (module fixtures,
 #: the mutation pools of test_mutants.py).
 SPLIT_FILES = ("test_grader.py", "test_notebooks.py")
+
+
+#: Set to 1 (where not set already) for a CPU_SELF_CHECK run, before its workers and their subprocesses start:
+#: the run has a process per core already, and each process's torch (OpenMP, MKL) and NumPy (OpenBLAS, the
+#: Triton interpreter's tl.dot) thread pools of one thread per core only contended for the cores, spinning
+#: while they waited: more CPU time for the same work, and no shorter a run.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def one_thread_per_process(environ=os.environ) -> None:
+    """A CPU_SELF_CHECK run's processes (workers, the mutation pools, the graders' subprocesses) each use one
+    thread for torch's and NumPy's operations, unless the environment says otherwise."""
+    for var in THREAD_VARS:
+        environ.setdefault(var, "1")
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -153,6 +168,8 @@ def pytest_cmdline_main(config):
     if n:
         config.option.numprocesses = n
         config.course_workers_why = why
+        if why == CPU_SELF_CHECK:
+            one_thread_per_process()
         if config.option.dist == "no":
             config.option.dist = "loadscope" if why == CPU_SELF_CHECK else "loadfile"
 

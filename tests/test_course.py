@@ -224,6 +224,15 @@ def test_workers_only_for_a_first_run_over_whole_folders_on_a_gpu(monkeypatch, t
     assert ag.auto_workers(_Config([tests_dir], mutants=True))[0] == 0
 
 
+def test_cpu_self_check_runs_one_thread_per_process():
+    """make test's processes on a CPU (a process per core already) use one thread for torch's and NumPy's
+    operations, unless the environment sets a number."""
+    import tests.autograder as ag
+    env = {"OMP_NUM_THREADS": "3"}
+    ag.one_thread_per_process(env)
+    assert env == {"OMP_NUM_THREADS": "3", **{v: "1" for v in ag.THREAD_VARS if v != "OMP_NUM_THREADS"}}
+
+
 def test_cpu_self_check_hands_out_the_slowest_work_first():
     """make test's workers on a CPU (tests/autograder.py): a file at a time, the grader's and the notebooks'
     tests one at a time, the slowest files first, the others after them; every file named exists."""

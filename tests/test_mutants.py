@@ -22,10 +22,20 @@ import pytest
 from common import HAS_CUDA
 from common.impl import REPO, resolve
 from mutants import all_mutants
+from tests.autograder import one_thread_per_process
 
 MUTANTS = all_mutants()
 GRADER_MUTANTS = [m for m in MUTANTS if m.grader is not None]
 WORKERS = int(os.environ.get("COURSE_MUTANT_WORKERS", "2"))
+#: The test files whose mutants take the most CPU (a cross-compile; GPT-2 and attention under the Triton
+#: interpreter, in the tests and in the grader's trials): their mutants are handed out first, so that the
+#: processes sharing one list end together, on quick ones.
+HEAVY_FIRST = ("test_portability.py", "test_a08_gpt2_inference.py", "test_a07_flash_attention.py")
+
+
+def _heavy_first(mutants: list) -> list:
+    return sorted(mutants, key=lambda m: HEAVY_FIRST.index(m.test_file) if m.test_file in HEAVY_FIRST
+                  else len(HEAVY_FIRST))
 
 
 def _chosen(request, param: str) -> set[str]:
@@ -35,7 +45,11 @@ def _chosen(request, param: str) -> set[str]:
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    """The grading processes' environment: tests/ importable, and one thread each for torch's and NumPy's
+    operations (WORKERS of them side by side; tests/autograder.py's one_thread_per_process)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    one_thread_per_process(env)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +57,17 @@ def outcomes(request, tmp_path_factory):
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
     chosen = _chosen(request, "mutant")
-    run = [m for m in MUTANTS if (HAS_CUDA or not m.gpu) and m.id in chosen]
+    run = _heavy_first([m for m in MUTANTS if (HAS_CUDA or not m.gpu) and m.id in chosen])
     ids = [m.id for m in run]
     shared = [m.id for m in run if not m.isolated]
     tmp = tmp_path_factory.mktemp("mutants")
     claims = tmp / "claims"
     claims.mkdir()
     # WORKERS processes share one list of mutants; a mutant that patches torch or the harness gets a
-    # process of its own (after the shared ones, WORKERS at a time).
-    jobs = [(tmp / f"w{w}.json", ["--claims", str(claims), *shared]) for w in range(min(WORKERS, len(shared)))]
-    jobs += [(tmp / f"iso{n}.json", [m.id]) for n, m in enumerate(run) if m.isolated]
+    # process of its own (before the shared ones, WORKERS at a time, so that the run ends on the shared
+    # list, whose processes end together).
+    jobs = [(tmp / f"iso{n}.json", [m.id]) for n, m in enumerate(run) if m.isolated]
+    jobs += [(tmp / f"w{w}.json", ["--claims", str(claims), *shared]) for w in range(min(WORKERS, len(shared)))]
 
     def grade(job):
         out, args = job
@@ -67,13 +82,14 @@ def outcomes(request, tmp_path_factory):
                 results.update(json.loads(out.read_text()))
     caught = sum(r["caught"] for r in results.values())
     not_run = sum(m.gpu and not HAS_CUDA and m.id in chosen for m in MUTANTS)
-    slow = sorted(results.items(), key=lambda kv: -kv[1].get("seconds", 0))[:5]
+    slow = sorted(results.items(), key=lambda kv: -kv[1].get("cpu", 0))[:5]
     stale = sorted(k for k, r in results.items() if r.get("caught") and not r.get("hint_used"))
     print(f"\nmutation checks: {caught} of {len(ids)} mutants caught "
-          f"({not_run} GPU-only mutants not run on this machine); slowest: "
-          + ", ".join(f"{k} {r.get('seconds', '?')} s" for k, r in slow)
+          f"({not_run} GPU-only mutants not run on this machine) in "
+          f"{sum(r.get('cpu', 0) for r in results.values()):.0f} s of CPU; the most CPU: "
+          + ", ".join(f"{k} {r.get('cpu', '?')} s ({r.get('seconds', '?')} s of wall time)" for k, r in slow)
           + (f"; {len(stale)} caught by another test than tests/mutants/first_failures.json names (refresh it: "
-             f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --write-hints ID ...): {stale[:5]}" if stale else ""))
+             f"PYTHONPATH=.:tests python -m mutants.run /tmp/m.json --update-hints ID ...): {stale[:5]}" if stale else ""))
     return results, "\n".join(logs)
 
 
@@ -89,6 +105,23 @@ def test_every_mutant_applies():
             except ValueError as e:
                 broken.append(str(e)[:200])
     assert not broken, "\n".join(broken)
+
+
+def test_a_stale_hint_tries_its_test_function_then_the_whole_file():
+    """mutants.run grades a mutant on the hinted test, then (where that passes or no longer exists: ids
+    renamed) every case of the same test function, then the whole file, until one fails."""
+    from mutants.run import _targets
+    assert _targets("t.py", "test_x[M15-fp32]") == ["t.py::test_x[M15-fp32]", "t.py::test_x", "t.py"]
+    assert _targets("t.py", "test_x") == ["t.py::test_x", "t.py"]
+    assert _targets("t.py", None) == ["t.py"]
+
+
+def test_heavy_mutants_are_handed_out_first():
+    """The files HEAVY_FIRST names exist, and their mutants lead the shared lists in that order."""
+    assert all((REPO / "tests" / f).is_file() for f in HEAVY_FIRST), HEAVY_FIRST
+    files = [m.test_file for m in _heavy_first(MUTANTS)]
+    heavy = [f for f in files if f in HEAVY_FIRST]
+    assert files[:len(heavy)] == sorted(heavy, key=HEAVY_FIRST.index)
 
 
 def test_mutant_ids_are_unique():
@@ -118,7 +151,8 @@ def grader_outcomes(request, tmp_path_factory):
     the submission runs in the judge's worker processes, as in ``common.course.grade --no-tests``)."""
     if resolve() != REPO / "solutions":
         pytest.skip("course self-check: runs with --impl solutions (make test)")
-    ids = [m.id for m in GRADER_MUTANTS if m.id in _chosen(request, "gmutant") and (HAS_CUDA or not m.gpu)]
+    chosen = _chosen(request, "gmutant")
+    ids = [m.id for m in _heavy_first(GRADER_MUTANTS) if m.id in chosen and (HAS_CUDA or not m.gpu)]
     tmp = tmp_path_factory.mktemp("grader_mutants")
     claims = tmp / "claims"
     claims.mkdir()

@@ -34,14 +34,36 @@ VERIFY = int(os.environ.get("COURSE_PORTABILITY_VERIFY", "2"))
 
 
 
+#: The families a test of this file reads (the rest: test_every_kernel_fits' own ``arch``, or all of them).
+READS = {"test_h100_runs_its_tables_as_they_are": ("sm_90",)}
+
+
+def _needed(session) -> tuple[list[str], bool]:
+    """(the families the selected tests of this file read, whether the facts file is checked): a run of
+    one test (the mutation checks run the one that caught a mutant first) compiles for its family only."""
+    archs, verify = set(), False
+    for item in session.items:
+        if getattr(getattr(item, "module", None), "__name__", None) != __name__ or \
+                "compiled" not in getattr(item, "fixturenames", ()):
+            continue
+        name = item.originalname
+        verify |= name == "test_facts_file_says_what_the_compiler_says"
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        archs |= {params["arch"]} if "arch" in params else set(READS.get(name, ARCHS))
+    return [a for a in ARCHS if a in archs], verify
+
+
 @pytest.fixture(scope="module")
-def compiled(impl, tmp_path_factory):
+def compiled(request, impl, tmp_path_factory):
     """(results per arch, the command's summary line and mismatches, seconds): every launch of ``impl``
-    cross-compiled (common.course.portability, in a process with the Triton interpreter off)."""
+    cross-compiled (common.course.portability, in a process with the Triton interpreter off) for the
+    families the selected tests read (_needed; all of them in a run of the whole file)."""
     pytest.importorskip("triton")
+    archs, verify = _needed(request.session)
     out = tmp_path_factory.mktemp("portability") / "results.json"
     cmd = [sys.executable, "-m", "common.course.portability", "--impl", str(impl.root), "--json", str(out), "-q",
-           "--verify", str(VERIFY), "--jobs", str(min(4, os.cpu_count() or 1))] + (["--full"] if FULL else [])
+           "--archs", ",".join(archs or ARCHS), "--verify", str(VERIFY if verify else 0),
+           "--jobs", str(min(4, os.cpu_count() or 1))] + (["--full"] if FULL else [])
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True,
                        timeout=3600)
@@ -54,6 +76,22 @@ def compiled(impl, tmp_path_factory):
     print(f"\ncross-compile ({'full' if FULL else 'quick'} tier): {p.stdout.strip().splitlines()[-1] if p.stdout else ''}"
           f" [{seconds:.0f} s]")
     return by_arch, p.stdout, seconds
+
+
+def test_a_run_of_one_test_compiles_for_the_families_it_reads():
+    """The mutation checks run one test of this file at a time: its family alone is compiled, and the facts
+    file is re-checked only where the test that checks it runs (a run of the whole file: everything)."""
+    from types import SimpleNamespace as NS
+    this = sys.modules[__name__]
+
+    def item(name, **params):
+        return NS(module=this, fixturenames=("compiled",), originalname=name,
+                  callspec=NS(params=params) if params else None)
+    assert _needed(NS(items=[item("test_every_kernel_fits", arch="sm_80")])) == (["sm_80"], False)
+    assert _needed(NS(items=[item("test_h100_runs_its_tables_as_they_are")])) == (["sm_90"], False)
+    assert _needed(NS(items=[item("test_facts_file_says_what_the_compiler_says")])) == (list(ARCHS), True)
+    assert _needed(NS(items=[item("test_every_kernel_fits", arch=a) for a in ("sm_75", "sm_86")])) == \
+        (["sm_86", "sm_75"], False)
 
 
 def _lines(rs: list[dict]) -> str:

@@ -129,7 +129,7 @@ def _a01_copy_trials(rng) -> list[Trial]:
 
 def _profiled(src: str, dst: str, how: str, cast: bool) -> torch.Tensor:
     """What the harness's profiler (common.profiling.profile) counts for the copy, per call, in the judge."""
-    from ..profiling import profile
+    from common.profiling import profile
     a = torch.randn(64, 96, device=src)
     dst_t = torch.empty(64, 96, dtype=torch.float16 if cast else a.dtype, device=dst)
     rep = profile((lambda: a.to(dst, dst_t.dtype, copy=True)) if how == "to" else (lambda: dst_t.copy_(a)), calls=4)

@@ -138,7 +138,7 @@ def a07_tiled(r: Run, q, k, v, do, causal: bool, bm: int, bn: int):
 
 def _tile_judge(bound: int, bm: int, bn: int, nq: int, nk: int):
     def judge(facts: dict) -> str | None:
-        from ..kernel_check import NewTensor
+        from common.kernel_check import NewTensor
         for fn, key in (("flash_forward_torch", "forward_largest"), ("flash_backward_torch", "backward_largest")):
             elements, op, shape = facts.get(key, [0, "", []])
             if elements > bound:
