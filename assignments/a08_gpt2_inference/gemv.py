@@ -36,6 +36,7 @@ import triton.language as tl
 from common import TRITON_INTERPRET
 from common.checks import check_same, check_tensor
 from common.launch import cdiv, fast, next_power_of_2
+from common.triton_helpers import ticket_counters
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
 
@@ -118,32 +119,6 @@ def _matvec_kernel(X, W, BIAS, R, Y, PART, COUNT, M, N, K, K_PER_SPLIT,
 
 
 # ==================================================================== launch (given)
-@triton.jit
-def _zero_kernel(P, N, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(P + offs, tl.zeros((BLOCK,), dtype=tl.int32), mask=offs < N)
-
-
-#: Ticket counters per device, one per column block of a split-K call: zeroed once, by a kernel of this
-#: file (a memset would be a PyTorch kernel in the call), and left at 0 by every call after.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-COUNTERS = 1 << 14
-
-
-def _counters(device: torch.device, blocks: int) -> torch.Tensor:
-    if blocks > COUNTERS:
-        raise ValueError(f"gemv: {blocks} column blocks split K; at most {COUNTERS} (use a wider BLOCK_N)")
-    t = _COUNTERS.get(device)
-    if t is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gemv: the first split-K call on this device was made while a CUDA graph was "
-                               "being captured; call gemv once eagerly first (its ticket counters are made once)")
-        t = torch.empty(COUNTERS, dtype=torch.int32, device=device)
-        fast(_zero_kernel)[(cdiv(COUNTERS, 1024),)](t, COUNTERS, BLOCK=1024)
-        _COUNTERS[device] = t
-    return t
-
-
 def choose_config(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for M rows of x and W [K, N]: 64 columns a
     program, BLOCK_K so that a slice's products stay 64 fp32 values a thread, and split-K until there are
@@ -231,7 +206,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     part = count = y2                                      # placeholders without split-K
     if splits > 1:   # the partial sums, and the device's ticket counters (0 between calls: the kernel resets them)
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        count = _counters(x.device, grid[0])
+        count = ticket_counters(x.device, grid[0])
     fast(_matvec_kernel)[grid](x2, w, bias if bias is not None else y2, r2, y2, part, count, m, n, k, per,
                                x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), r2.stride(0), y2.stride(0),
                                HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,

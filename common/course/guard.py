@@ -45,7 +45,8 @@ import torch.nn.functional as F
 RUNTIME_STATE = frozenset({"common.cuda_ext._LOADED", "common.interpreter_patch._current",
                            "common.interpreter_patch.LAUNCH_LISTENERS", "common.course.hostcost._BARE",
                            "common.course.native.reason", "common.course.native._module",
-                           "common.course.native._thread", "common.course.native._plans", "common.course.native._kept"})
+                           "common.course.native._thread", "common.course.native._plans", "common.course.native._kept",
+                           "common.triton_helpers._COUNTERS"})
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _DATA = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex, type(None), torch.dtype)

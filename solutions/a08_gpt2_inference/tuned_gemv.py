@@ -61,6 +61,7 @@ from common import TRITON_INTERPRET, pdl_supported
 from common.checks import check_same, check_tensor, meta
 from common.gpu import shared_memory_per_block
 from common.launch import cdiv, fast, next_power_of_2
+from common.triton_helpers import ticket_counters
 
 from ..a06_matmul.matmul_triton import _gelu_tanh
 from .kv_cache import check_caches
@@ -456,25 +457,6 @@ def combine_chunk(splits: int, bm: int, bn: int, warps: int) -> int:
     return max(1, min(next_power_of_2(splits), 32 * 32 * warps // (bm * bn)))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-#: Ticket counters per device: one per column block of a split-K call (allocated once, never freed:
-#: a CUDA graph keeps its address). Calls on two streams at once must not both split K.
-COUNTERS = 1 << 16
-
-
-def _counters(device: torch.device, blocks: int) -> torch.Tensor:
-    if blocks > COUNTERS:
-        raise ValueError(f"gemv: {blocks} column blocks split K; at most {COUNTERS} (use a wider BLOCK_N)")
-    t = _COUNTERS.get(device)
-    if t is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gemv: the first split-K call on this device was made while a CUDA graph was "
-                               "being captured; call gemv once eagerly first (its ticket counters are allocated "
-                               "once, outside any graph)")
-        t = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return t
-
-
 #: gemv's launch plans per key (rows, N, K, dtype, W's layout, device and the options): the config, the
 #: grid and the kernel's constexprs, decided on a key's first call and looked up after that (lecture 3,
 #: "Host overhead").
@@ -656,7 +638,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
             else (0, 0, 0, 0, 1)
         if grid[1] > 1:                # split-K: partial sums (a workspace of the key) and ticket counters
             part = torch.empty((grid[1], m, n), dtype=torch.float32, device=x.device)
-            count = _counters(x.device, grid[0])
+            count = ticket_counters(x.device, grid[0])
         if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             kept[:] = part, count, ints, kv_ints   # kept from the key's first call (a workspace made while a
                                                    # graph is captured is the graph's)
