@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from common import HAS_CUDA
 from common.impl import REPO
 
 GRADE = [sys.executable, "-m", "common.course.grade"]
