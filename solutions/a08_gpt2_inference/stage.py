@@ -497,8 +497,9 @@ def a08_decode_case(load, cfg: dict, *, batch: int = 1, ctx: int = 128, dtype=to
     c, n_layer = cfg.n_embd, cfg.n_layer
     flops = gpt2_decode_flops(n_layer, c, cfg.vocab_size, b, ctx + 1)
     nbytes = gpt2_decode_bytes(n_layer, c, cfg.vocab_size, b, ctx + 1, torch.empty((), dtype=dtype).element_size())
+    path = "the tuned path" if engine.tuned is not None else "the core: your kernels as written"   # what is timed
     return Perf(f"GPT-2 decode step (n_embd {c}, {n_layer} layers), batch {b}, context {ctx}, "
-                f"{str(dtype).replace('torch.', '')}", inputs, submission, lambda i: hf_step(i["tok"]),
+                f"{str(dtype).replace('torch.', '')}, {path}", inputs, submission, lambda i: hf_step(i["tok"]),
                 "transformers GPT2LMHeadModel, StaticCache", flops, nbytes, tol=tol)
 
 
