@@ -13,6 +13,7 @@ import common
 from common.course.grade import judge
 from common.course.grade.result import WorkerResult
 from common.course.grade.score import FAIL, PASS
+from common.impl import REPO
 from common.course.stages import by_key
 from common.timing import unjoined_difference
 
@@ -97,3 +98,19 @@ def test_the_inputs_carry_no_answer(tmp_path, key):
             same = [a for a in args if a.shape == ref.shape and a.is_floating_point()
                     and torch.allclose(a.double().cpu().nan_to_num(), ref.double().cpu().nan_to_num(), rtol=1e-2, atol=1e-3)]
             assert not same, f"{t.name}: an input holds the expected output"
+
+
+def test_the_registry_is_complete_before_the_guard_looks():
+    """The timing worker snapshots the harness, then resolves its stage: importing the registry must have
+    loaded every stage module already, or their calls, added to CALLS later, read as a patch of the harness
+    (every timed stage would be refused). In a fresh process, as the worker is."""
+    import subprocess
+    import sys
+    code = ("from common.course.grade.worker import _import_harness; _import_harness()\n"
+            "from common.course import guard\n"
+            "from common.course.stages import by_key\n"
+            "before = guard.snapshot()\n"
+            "[by_key(k) for k in ('a01', 'a05', 'a08')]\n"
+            "print('CHANGED', guard.changed(before))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert "CHANGED []" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

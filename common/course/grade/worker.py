@@ -167,9 +167,9 @@ def run_timing(impl: str, io: Path) -> dict:
     from common.course.stages import by_key
 
     payload = torch.load(io / TRIALS, weights_only=True, map_location="cpu")   # the stage and seed: no GPU memory
+    stage = by_key(payload["stage"])       # every stage module imported (CALLS complete) before the guard looks
     before = guard.snapshot()
-    result = {"timing": _time(by_key(payload["stage"]), lambda m: load_impl(m, impl), payload["seed"]),
-              "violations": []}
+    result = {"timing": _time(stage, lambda m: load_impl(m, impl), payload["seed"]), "violations": []}
     found = guard.changed(before)
     if found:
         result["violations"].append(f"the submission patched the harness or torch while it was timed: {', '.join(found)}")

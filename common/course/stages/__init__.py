@@ -41,11 +41,14 @@ SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
 
 
 def _registry() -> tuple[list[ModuleType], list[Stage]]:
-    """:data:`STAGE_MODULES` and :data:`STAGES`, found on first use (not at import: a stage module imports
-    ``base`` from this package, so importing one stage module first must not need the others finished)."""
+    """:data:`STAGE_MODULES` and :data:`STAGES`. Loaded when this package is imported (every stage's calls
+    are then in CALLS before the grader's guard looks); where a stage module was imported first (it imports
+    ``base`` from this package, so it is not finished yet), on first use instead."""
     if "STAGES" not in globals():
         modules = [importlib.import_module(f"solutions.{p.parent.name}.stage")
                    for p in sorted(SOLUTIONS.glob("a[0-9][0-9]_*/stage.py"))]
+        if not all(hasattr(m, "STAGE") for m in modules):      # one of them is still being imported
+            raise ImportError("a stage module is still being imported: the registry is complete after it")
         globals().update(STAGE_MODULES=modules, STAGES=[m.STAGE for m in modules])
     return globals()["STAGE_MODULES"], globals()["STAGES"]
 
@@ -74,6 +77,12 @@ def __getattr__(name: str):
         if name in vars(m):
             return vars(m)[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+try:
+    _registry()
+except ImportError:          # imported by a stage module: the registry loads on first use
+    pass
 
 
 __all__ = ["CALLS", "DTYPE_CYCLE", "HAS_CUDA", "Load", "NeedsGPU", "Perf", "Run", "STAGES", "STAGE_MODULES", "Stage",
