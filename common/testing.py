@@ -218,7 +218,9 @@ def assert_fresh_in_graph(fn, inputs: dict, reference, *, name: str, dtype: torc
     """GPU: ``fn(**inputs)`` captured in a CUDA graph, then new values written into the same input
     tensors and the graph replayed: the replay's output must match ``reference(**inputs)`` of the new
     values. A call that does its work only when it is not being captured (or captures a copy of an
-    earlier result) fails; one that cannot be captured fails with the reason. The grader times
+    earlier result) fails, and so does one that puts work on a stream the capture never sees; one that
+    cannot be captured fails with the reason (work forked onto another stream and never joined back:
+    "unjoined work", said so). The grader times
     calls this way, and stage 8's engine replays its kernels so."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -231,6 +233,11 @@ def assert_fresh_in_graph(fn, inputs: dict, reference, *, name: str, dtype: torc
         with torch.cuda.graph(graph):
             out = fn(**inputs)
     except Exception as e:  # noqa: BLE001 - said as the test's failure
+        if "unjoined" in str(e):     # forked onto a stream of its own: the caller's stream never waits for it
+            raise AssertionError(f"{name}: work left on another stream, never joined back to the caller's: a reader "
+                                 "on the caller's stream may see the output before it is written (join it: "
+                                 "torch.cuda.current_stream().wait_stream(side), or launch on the current stream). "
+                                 f"The capture said: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         raise AssertionError(f"{name}: could not be captured in a CUDA graph ({type(e).__name__}: {e}). A kernel call "
                              "must not synchronise or read device values on the host: the grader times it, and stage "
                              "8's engine runs it, as a graph replay") from None

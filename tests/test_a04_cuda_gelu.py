@@ -21,8 +21,8 @@ from common.cuda_ext import compile_check
 from common.impl import stage_dir
 from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import fake_cuda, profile, trace_ops
-from common.testing import (REL_TOL, assert_close, max_abs_error, non_contiguous, randn, randomize_, rel_error,
-                            tiny_gpt2_config)
+from common.testing import (REL_TOL, assert_close, assert_fresh_in_graph, max_abs_error, non_contiguous, randn,
+                            randomize_, rel_error, tiny_gpt2_config)
 from tests.ids import dtype_id, shape_id
 
 MOD = "a04_cuda_gelu.fused_gelu"
@@ -251,6 +251,15 @@ def test_runs_on_current_stream(mod):
         y = _run(mod, x, kernel_check=False)   # (the profiler would synchronise)
     s.synchronize()
     assert_close(y, ref.gelu_tanh(x), scale=x.abs())
+
+
+@pytest.mark.gpu
+def test_replays_in_a_cuda_graph(mod):
+    """Captured in a CUDA graph and replayed on new values, the call computes the new GELU: no work on
+    a stream of its own (never joined back, the capture fails with "unjoined work")."""
+    x = randn(3, 4097, dtype=torch.bfloat16, scale=3.0)
+    assert_fresh_in_graph(lambda x: mod.fused_gelu(x), {"x": x}, lambda x: ref.gelu_tanh(x), name="fused_gelu",
+                          dtype=torch.bfloat16)
 
 
 def _gpt2_pair(dtype, seed=0):

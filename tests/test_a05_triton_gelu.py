@@ -13,7 +13,8 @@ from common import DEVICE, HAS_CUDA
 from common import reference as ref
 from common.kernel_check import GELU_KERNEL, assert_is_kernel
 from common.profiling import profile, trace_ops
-from common.testing import assert_close, assert_fresh_each_call, non_contiguous, randn, randomize_, tiny_gpt2_config
+from common.testing import (assert_close, assert_fresh_each_call, assert_fresh_in_graph, non_contiguous, randn,
+                            randomize_, tiny_gpt2_config)
 from common.timing import left_unjoined
 from tests.ids import dtype_id, shape_id
 
@@ -190,6 +191,17 @@ def test_output_joined_to_the_callers_stream(mod):
     # new values on every probe: a reused output buffer may still hold the answer of the call above
     found = left_unjoined(lambda: mod.gelu(randn(1 << 26, dtype=torch.bfloat16)))
     assert found is None, f"gelu: {found}"
+
+
+@pytest.mark.gpu
+def test_replays_in_a_cuda_graph(mod):
+    """Captured in a CUDA graph and replayed on new values, the call computes the new GELU. Deterministic
+    where the race above is not: work forked onto a private stream and never joined back fails the
+    capture ("unjoined work"); work on a stream the capture never joined is missing from the replay."""
+    x = randn(3, 4097, dtype=torch.bfloat16, scale=3.0)
+    mod.gelu(x)                          # autotune outside the capture
+    assert_fresh_in_graph(lambda x: mod.gelu(x), {"x": x}, lambda x: ref.gelu_tanh(x), name="gelu",
+                          dtype=torch.bfloat16)
 
 
 @pytest.mark.gpu
