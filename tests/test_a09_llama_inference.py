@@ -22,8 +22,9 @@ pytestmark = pytest.mark.filterwarnings(
 # ---------------------------------------------------------------- grouped-query attention: decode and prefill
 GQA_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GQA_DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-#: fp32: IEEE dots (a TF32 dot, ~3e-4, fails); 16-bit: the probabilities rounded once to the dtype for P·V.
-GQA_TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+#: Stage 8's decode-attention tolerances. fp32: IEEE dots (a TF32 dot, ~3e-4, fails); 16-bit: the probabilities
+#: rounded once to the dtype for P·V, the output once (bf16 ~2e-3 at 600-1000 keys, fp16 ~3e-4).
+GQA_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def _gqa_dt(dtype) -> str:
@@ -215,6 +216,7 @@ def test_gqa_prefill_copies_no_key_or_value(gqa, seed):
     b, hkv, g, t, d = 2, 2, 4, 11, 32
     q = randn(b, hkv * g, t, d)
     kc, vc = randn(b, hkv, 16, d), randn(b, hkv, 16, d)
+    gqa.gqa_prefill_attention(q, kc[:, :, :t], vc[:, :, :t], allow_tf32=False)   # compiled (tuned) outside the trace
     with watch() as trace:
         got = gqa.gqa_prefill_attention(q, kc[:, :, :t], vc[:, :, :t], allow_tf32=False)
     assert_close(got, _gqa_prefill_reference(q, kc[:, :, :t], vc[:, :, :t]), dtype=torch.float32,
