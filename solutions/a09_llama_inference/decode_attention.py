@@ -154,14 +154,15 @@ def block_d(head_dim: int) -> int:
 TILE_BYTES = 16384
 
 
-def split_config(head_dim: int, dtype: torch.dtype, device) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of a split program. Warps: stage 8's split_warps, but 8 where the
-    dots run on FMAs (fp32's IEEE dots; every dtype before sm_80 in Triton 3.6) at d >= 64: their operands
-    spill from 4 warps' registers. Its
-    loop feeds tl.dot, which Triton software-pipelines through shared memory: each stage holds a K and a V
-    tile, so a device gets the stages (3 at most, 1 at least) whose tiles fit half its shared memory per
-    block (the rest: the dots' operands and layouts)."""
-    lim = None if TRITON_INTERPRET else limits(device)
+def split_config(head_dim: int, dtype: torch.dtype, device_limits: tuple | None) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of a split program on a device of ``device_limits``
+    (common.gpu.limits: capability, shared memory per block; None: the interpreter, one stage).
+    Warps: stage 8's split_warps, but 8 where the dots run on FMAs (fp32's IEEE dots; every dtype before
+    sm_80 in Triton 3.6) at d >= 64: their operands spill from 4 warps' registers. Stages: the loop feeds
+    tl.dot, which Triton software-pipelines through shared memory, each stage a K and a V tile; a device
+    gets the stages (1 to 3) whose tiles fit half its shared memory per block (the rest: the dots'
+    operands and layouts)."""
+    lim = device_limits
     fma = dtype == torch.float32 or (lim is not None and lim[0] < (8, 0))
     n, tile = BLOCK_N, block_d(head_dim) * dtype.itemsize
     while n > 16 and n * block_d(head_dim) * (4 if fma else dtype.itemsize) > TILE_BYTES:   # FMA dots: fp32 tiles
@@ -255,7 +256,7 @@ def _checked_call(q, k_cache, v_cache, lengths, splits, out, pdl) -> tuple:
             raise ValueError(f"out: expected shape {(b, h, d)}, got {tuple(out.shape)}")
     if b == 0:
         return (b, h, d), None, None, None
-    block_n, warps, stages = split_config(d, q.dtype, q.device)
+    block_n, warps, stages = split_config(d, q.dtype, None if TRITON_INTERPRET else limits(q.device))
     n = splits if splits is not None else num_splits(b * hkv, k_cache.shape[2], block_n=block_n)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"splits: expected an int >= 1, got {n!r}")
