@@ -262,8 +262,9 @@ def test_gqa_decode_attention_in_a_cuda_graph(gqa, pdl, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits,kernels", [(1, 1), (8, 2)], ids=["splits1", "splits8"])
-def test_gqa_decode_attention_launches_one_program_per_kv_head(gqa, splits, kernels, seed):
-    """One split kernel (and the combine where there are splits): no repeat_kv copy, no PyTorch kernel."""
+def test_gqa_decode_attention_kernels_per_call(gqa, splits, kernels, seed):
+    """One kernel per call, the split kernel (two with splits: and the combine): no repeat_kv copy, no PyTorch
+    kernel, no host transfer."""
     from common.profiling import profile
     b, hkv, g, d, s_max = 4, 8, 4, 64, 2048
     lengths = [2048, 1000, 1, 513]

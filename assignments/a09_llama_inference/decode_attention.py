@@ -79,7 +79,9 @@ def _gqa_decode_split(Q, K, V, LENS, O, O_PART, L_PART,
     #      masked keys -inf); m_new = max(m, rowmax s); p = exp2(s - m_new[:, None]); alpha = exp2(m - m_new);
     #      l = l * alpha + rowsum p; acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=...);
     #      m = m_new. (m: [BLOCK_G] -inf, l: [BLOCK_G] 0, acc: [BLOCK_G, BLOCK_D] 0, all fp32.) Each K and V
-    #      tile is loaded ONCE for the group: that is the point of the kernel.
+    #      tile is loaded ONCE for the group: that is the point of the kernel. (A tl.sum of a broadcast
+    #      [G, N, d] product instead is a pattern Triton may rewrite into a tl.dot of its default precision,
+    #      TF32 for fp32 on a GPU: write the tl.dot, with PRECISION, yourself.)
     #   4. NUM_SPLITS == 1: O[b, h, :] = acc / l (O's dtype) for the GROUP real rows. Otherwise per query head
     #      h (row r = b * H + h): O_PART[r * NUM_SPLITS + split, :] = acc / l (fp32, rows HEAD_DIM long),
     #      L_PART[r * NUM_SPLITS + split] = m + log2(l); an empty slice writes 0 and -inf.
