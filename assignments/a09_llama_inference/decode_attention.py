@@ -5,10 +5,10 @@
     o = gqa_prefill_attention(q, k, v)                       # q [B, H, T, d]; k, v [B, Hkv, T_k, d]
 
 Why grouped-query attention. In decode every step reads the whole KV cache, once per token generated: at
-batch 16 and a few thousand tokens of context the cache is the largest thing a step reads, larger than the
-weights. Llama 3 and Qwen 3 keep fewer KV heads than query heads (Llama-3.2-1B: 32 query heads, 8 KV heads):
-query head h uses KV head h // G, G = H // Hkv the group (transformers' repeat_kv). The cache, and the bytes a
-decode step reads from it, shrink by G.
+batch 16 and a few thousand tokens of context the cache can outweigh the model's weights. Llama 3 and Qwen 3
+keep fewer KV heads than query heads (Llama-3.2-1B: 32 query heads, 8 KV heads): query head h uses KV head
+h // G, G = H // Hkv the group (transformers' repeat_kv). The cache, and the bytes a decode step reads from
+it, shrink by G.
 
 Why one program per KV head. Stage 8's decode_attention gives each (sequence, head) its own programs; run
 on the G query heads of a group it would read each K and V row G times, and the saving would stay on paper.
@@ -47,6 +47,7 @@ from common.triton_helpers import dim_mask
 
 from ..a07_flash_attention.flash_triton import attention_forward
 from ..a08_gpt2_inference.decode_attention import BLOCK_N, LOG2E, MAX_HEAD_DIM, _decode_combine, num_splits, split_warps
+
 
 @triton.jit
 def _gqa_decode_split(Q, K, V, LENS, O, O_PART, L_PART,
