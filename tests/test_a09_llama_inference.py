@@ -234,7 +234,10 @@ def _llama_config(head_dim: int, theta: float, scaling=None, **kw):
                head_dim=head_dim, max_position_embeddings=kw.pop("max_pos", 131072), rope_theta=theta, **kw)
     if scaling is not None:
         cfg["rope_scaling"] = dict(scaling)
-    return LlamaConfig(**cfg)
+    config = LlamaConfig(**cfg)
+    if getattr(config, "rope_parameters", None) is not None:      # transformers 5 (5.17 and 5.24 alike)
+        config.rope_parameters = {"rope_type": "default", **(scaling or {}), "rope_theta": theta}
+    return config
 
 
 def _hf_inv_freq(head_dim, theta, scaling=None) -> torch.Tensor:
