@@ -8,14 +8,15 @@ GPT-2's MLP is ``W_down · gelu(W_up · x)``: one projection up to F = 4C, an ac
 Llama's is GATED: ``W_down · (silu(W_gate · x) ⊙ W_up · x)``. Two projections of x go up to F; one,
 through SiLU (``g · sigmoid(g)``, the "Swish" of SwiGLU), decides how much of each of the other's F
 values passes. The gate is computed from the input itself, so the MLP can switch features on and off
-per token; at the same parameter count (Llama takes F ≈ 8/3 · C instead of 4C, three matrices
-instead of two) gated MLPs train to a lower loss, which is why every recent decoder uses one.
+per token; at the same parameter count (three matrices instead of two, so a narrower F: the first
+Llama took F ≈ 8/3 · C where GPT-2 takes 4C) gated MLPs train to a lower loss, which is why recent
+decoders use one.
 
 Gate and up read the same x and have the same shape, so the engine stacks their weights into one
 [C, 2F] matrix, ``[W_gate | W_up]``: ONE GEMM (one launch, x read once; at decode, one pass over
 both weights in a single GEMV) produces both, side by side in each row. This kernel then reads a
-row's two halves and writes F values: half the GEMM's output, no second pass. (The tuned path goes
-one step further and applies it in the GEMV's epilogue, so the [.., 2F] product is never stored.)
+row's two halves and writes F values: half the GEMM's output, no second pass. (A GEMV can go one
+step further and apply it in its epilogue, so that the [.., 2F] product is never stored.)
 
 Rounding, as transformers computes ``act_fn(gate_proj(x)) * up_proj(x)`` in the model's dtype: the SiLU
 in fp32, rounded to the dtype, then the product, rounded again::

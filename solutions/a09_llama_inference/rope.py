@@ -17,10 +17,11 @@ turned by the angle ``p · inv_freq[i]``:
 Why a rotation: a dot product of two vectors rotated by angles a and b depends only on b − a. So
 ``q(m)·k(n)``, the attention score of a query at position m and a key at position n, depends on
 the content and on m − n alone: attention sees RELATIVE positions, with no table of positions to
-learn and none to run out of. Each pair turns at its own speed, from θ_0 = 1 radian a token (fine,
-local positions) down to theta^(−1) (theta = 10 000 or 500 000: wavelengths of tens of thousands of
-tokens, for distant ones). Only q and k are rotated; v carries content and is left as it is. Keys go
-into the KV cache already rotated, so decoding rotates one new q and k per step.
+learn and none to run out of. Each pair turns at its own speed, from θ_0 = 1 radian a token (a
+wavelength of 6 tokens: fine, local order) down to about 1/theta (a wavelength of about 2π·theta
+tokens: 63 000 at theta = 10 000, millions at Llama 3's 500 000: distant positions). Only q and k are
+rotated; v carries content and is left as it is. Keys go into the KV cache already rotated, so
+decoding rotates one new q and k per step.
 
 Llama 3's frequency scaling (``rope_type="llama3"``) stretches the context a model was trained on
 (``original_max_position_embeddings``, 8192) by ``factor`` (8, 32): frequencies whose wavelength is
