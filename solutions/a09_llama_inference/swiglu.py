@@ -40,7 +40,7 @@ BLOCK_F = 1024
 
 
 @triton.jit
-def _swiglu_kernel(GU, OUT, F, stride_gu, stride_out, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _gated_product_kernel(GU, OUT, F, stride_gu, stride_out, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (row, j): columns j·BLOCK .. of row `row`. GU's row (GU + row·stride_gu, columns
     contiguous) holds the gate in columns 0..F-1 and up in F..2F-1; OUT[row, c] = silu(gate[c]) · up[c],
     the SiLU rounded to OUT's dtype before the product, the product rounded again."""
@@ -89,7 +89,7 @@ def _checked_call(gu, out, pdl) -> tuple:
     rows = gu.numel() // two_f if two_f else 0
     block = min(BLOCK_F, next_power_of_2(max(f, 1)))
     use_pdl = bool(pdl) and pdl_supported(gu.device)
-    return f, rows, shape, fast(_swiglu_kernel).prepare(
+    return f, rows, shape, fast(_gated_product_kernel).prepare(
         (rows, cdiv(f, block)), BLOCK=block, USE_PDL=use_pdl, num_warps=4 if block >= 1024 else 2 if block >= 256 else 1,
         **(dict(launch_pdl=True) if use_pdl else {}))
 
