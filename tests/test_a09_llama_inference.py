@@ -1,0 +1,317 @@
+"""Stage 9: a modern decoder (Llama 3, Qwen 3) on the course's kernels, against Hugging Face transformers'
+LlamaForCausalLM and Qwen3ForCausalLM.
+
+Kernels against float64 references on fresh random inputs; the engine against transformers (logits in
+float64, greedy tokens in fp32); the tuned path against the core path. On a CPU everything runs under the
+Triton interpreter on tiny models; on a GPU also the real geometries (Llama-3.2-1B, Qwen3-0.6B widths).
+Models have random weights (nothing is downloaded).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from common import DEVICE, HAS_CUDA
+from common.kernel_check import GEMV_KERNEL, assert_is_kernel
+from common.testing import REL_TOL, assert_close, randn, rel_error
+
+# ---------------------------------------------------------------- the tuned path
+# solutions/a09_llama_inference/tuned.py (given code, the reference engine's default) and the two epilogues it
+# added to a08's tuned GEMV (solutions/a08_gpt2_inference/tuned_gemv.py: rms_fold, swiglu).
+
+_TUNED_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+_TUNED_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: Split K 3 ways (K = 91: 32, 32 and 27 rows), 32-column blocks (16 SwiGLU features a block); no split.
+_TUNED_SPLIT, _TUNED_NO_SPLIT = (32, 16, 3, 4, 1), (64, 32, 1, 4, 1)
+#: Tiny models for the interpreter: Llama (tied embeddings, GQA 4:2) and Qwen 3 (untied, q/k norms, head_dim 32
+#: with 4 heads: q is wider than the hidden size).
+_TUNED_LLAMA = dict(vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=True)
+_TUNED_QWEN3 = dict(vocab_size=131, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, max_position_embeddings=64, initializer_range=0.3,
+                    tie_word_embeddings=False, rms_norm_eps=1e-6)
+
+
+def _tuned_dt(dtype) -> str:
+    return _TUNED_IDS[dtype]
+
+
+@pytest.fixture
+def tuned_gv():
+    """The tuned path's GEMV (given code beside the reference, solutions/a08_gpt2_inference/tuned_gemv.py)."""
+    from common.impl import load
+    return load("a08_gpt2_inference.tuned_gemv", "solutions")
+
+
+@pytest.fixture
+def tuned_engine(impl):
+    return impl.load("a09_llama_inference.engine")
+
+
+def _tuned_weight(k: int, n: int, dtype, layout: str) -> torch.Tensor:
+    """W [K, N]: "kn" row-major (N contiguous) or "nk.t" K-major (the tuned path's decode copies)."""
+    if layout == "kn":
+        return randn(k, n, dtype=dtype, scale=k**-0.5)
+    return randn(n, k, dtype=dtype, scale=k**-0.5).t()
+
+
+def _rms64(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.to("cpu", torch.float64)
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g.to("cpu", torch.float64)
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("dtype", _TUNED_DTYPES, ids=_tuned_dt)
+@pytest.mark.parametrize("m", [1, 3, 16], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
+def test_tuned_gemv_rmsnorm_fold(tuned_gv, dtype, m, split, seed):
+    """gemv(x, fold_rmsnorm(γ, W), rms_fold=True) = RMSNorm(x)·W against float64, the residual in the same
+    epilogue: x with a mean far from 0 (a LayerNorm's statistics, or none, are off), K = 91, N = 133, both
+    layouts (by M: 1 and 16 K-major, 3 N-major), split 3 ways or not; the fold keeps W's layout."""
+    k, n, eps = 91, 133, 1e-6
+    x = randn(m, k, dtype=dtype, scale=3.0) + 2.0
+    w = _tuned_weight(k, n, dtype, "kn" if m == 3 else "nk.t")
+    g, r = randn(k, dtype=dtype) + 1.0, randn(m, n, dtype=dtype)
+    w_f = tuned_gv.fold_rmsnorm(g, w)
+    assert w_f.stride() == w.stride() and w_f.dtype == w.dtype, "fold_rmsnorm: w_f keeps w's layout and dtype"
+    cfg = _TUNED_SPLIT if split else _TUNED_NO_SPLIT
+    y = _rms64(x, g, eps)
+    w64 = w.to("cpu", torch.float64)
+    want = y @ w64 + r.to("cpu", torch.float64)
+    scale = y.abs() @ w64.abs() + r.to("cpu", torch.float64).abs()
+    got = assert_is_kernel(lambda: tuned_gv.gemv(x, w_f, residual=r, rms_fold=True, eps=eps, config=cfg),
+                           GEMV_KERNEL, "gemv with the RMSNorm folded in")
+    assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
+                 name=f"gemv {m}x{k}: RMSNorm(x) @ W + residual, config {cfg}")
+    plain = tuned_gv.gemv(x, w, residual=r, config=cfg)           # the same call without the flag: no norm
+    assert rel_error(plain, want) > 10 * REL_TOL[dtype], "rms_fold=False must leave x as it is"
+    with pytest.raises(ValueError, match="rms_fold"):
+        tuned_gv.gemv(x, w_f, rms_fold=True, ln_colsum=torch.zeros(n, device=DEVICE))
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("dtype", _TUNED_DTYPES, ids=_tuned_dt)
+@pytest.mark.parametrize("m", [1, 2, 5], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("fold", [False, True], ids=["no-norm", "rms-fold"])
+@pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
+def test_tuned_gemv_swiglu_epilogue(tuned_gv, dtype, m, fold, split, seed):
+    """gemv(x, interleave_gate_up(W), swiglu=True) = silu(x·W_gate)·(x·W_up) [M, F] against float64, with and
+    without the RMSNorm fold: F = 67 features (odd: the last 32-column block holds a partial pair count), K = 91,
+    M = 1, 2 (FMAs) and 5 (tl.dot), split or not. In 16 bits the result is what transformers' rounding gives
+    from the two rounded projections (silu rounded, the product rounded): within a rounding of it."""
+    k, f, eps = 91, 67, 1e-5
+    x = randn(m, k, dtype=dtype, scale=2.0) + (1.0 if fold else 0.0)
+    w = _tuned_weight(k, 2 * f, dtype, "nk.t" if m != 2 else "kn")           # [gate | up]
+    g = randn(k, dtype=dtype) + 1.0
+    w_i = tuned_gv.interleave_gate_up(tuned_gv.fold_rmsnorm(g, w) if fold else w)
+    cfg = _TUNED_SPLIT if split else _TUNED_NO_SPLIT
+    got = assert_is_kernel(lambda: tuned_gv.gemv(x, w_i, swiglu=True, rms_fold=fold, eps=eps, config=cfg),
+                           GEMV_KERNEL, "gemv with the SwiGLU epilogue")
+    assert got.shape == (m, f) and got.dtype == dtype, f"swiglu=True: expected [{m}, {f}] {dtype}, got " \
+                                                       f"{tuple(got.shape)} {got.dtype}"
+    y = _rms64(x, g, eps) if fold else x.to("cpu", torch.float64)
+    w64 = w.to("cpu", torch.float64)
+    gu, s = y @ w64, y.abs() @ w64.abs()
+    gate, up = gu[:, :f], gu[:, f:]
+    want = torch.nn.functional.silu(gate) * up
+    scale = (gate.abs() + s[:, :f]) * (up.abs() + s[:, f:])
+    assert_close(got, want, dtype=dtype, rel_tol=3 * REL_TOL[dtype], scale=scale,
+                 name=f"gemv {m}x{k}: silu(gate)·up{' of RMSNorm(x)' if fold else ''}, config {cfg}")
+    if dtype != torch.float32 and not fold:      # transformers' roundings of the unfused projections
+        two = tuned_gv.gemv(x, w, config=cfg).float()
+        ref = (torch.nn.functional.silu(two[:, :f]).to(dtype).float() * two[:, f:]).to(dtype)
+        assert_close(got, ref.to("cpu", torch.float64), dtype=dtype, rel_tol=REL_TOL[dtype],
+                     name="swiglu epilogue against the unfused GEMV, silu and product rounded as transformers")
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("layout", ["kn", "nk.t"])
+def test_tuned_interleave_and_fold_keep_layout_and_check_inputs(tuned_gv, layout, seed):
+    """interleave_gate_up: column 2f = gate f, 2f + 1 = up f, w's memory layout kept (a K-major copy stays
+    K-major), the bias interleaved alike; fold_rmsnorm: diag(γ)·W rounded once. Bad shapes: ValueError; the
+    gemv's swiglu refuses an odd N, a residual and a KV cache with it."""
+    k, f = 13, 9
+    w = _tuned_weight(k, 2 * f, torch.float32, layout)
+    b = randn(2 * f)
+    w_i, b_i = tuned_gv.interleave_gate_up(w, b)
+    assert w_i.stride() == w.stride(), f"interleave_gate_up: layout {layout} changed: {w.stride()} -> {w_i.stride()}"
+    assert torch.equal(w_i[:, 0::2], w[:, :f]) and torch.equal(w_i[:, 1::2], w[:, f:]), \
+        "interleave_gate_up: column 2f must be the gate's column f, 2f + 1 the up's"
+    assert torch.equal(b_i[0::2], b[:f]) and torch.equal(b_i[1::2], b[f:])
+    g = randn(k)
+    assert torch.equal(tuned_gv.fold_rmsnorm(g, w), (g.double()[:, None] * w.double()).float())
+    with pytest.raises(ValueError, match="2F"):
+        tuned_gv.interleave_gate_up(randn(k, 2 * f + 1))
+    with pytest.raises(ValueError, match="fold_rmsnorm"):
+        tuned_gv.fold_rmsnorm(randn(k + 1), w)
+    x = randn(2, k)
+    with pytest.raises(ValueError, match="even"):
+        tuned_gv.gemv(x, randn(k, 2 * f + 1), swiglu=True)
+    with pytest.raises(ValueError, match="swiglu"):
+        tuned_gv.gemv(x, w_i, swiglu=True, residual=randn(2, f))
+
+
+# ------------------------------------------------ the tuned path in the engine
+def _tuned_model(arch: str, dtype=torch.float32, **over):
+    import transformers
+    torch.manual_seed(0)
+    if arch == "llama":
+        cfg, cls = transformers.LlamaConfig(**{**_TUNED_LLAMA, **over}), transformers.LlamaForCausalLM
+    else:
+        cfg, cls = transformers.Qwen3Config(**{**_TUNED_QWEN3, **over}), transformers.Qwen3ForCausalLM
+    model = cls(cfg).eval().to(dtype)
+    model.generation_config.eos_token_id = None          # generate() as long as asked, as the engine does
+    return model
+
+
+def _tuned_forced_logits(engine, prompts: list[list[int]], follow: list[list[int]]) -> list[torch.Tensor]:
+    """Prefill the prompts, then one eager decode step per column of ``follow`` (the tokens forced): the logits
+    [B, vocab] of each step."""
+    ids = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+    engine.prefill(ids.to(engine.device), [len(p) for p in prompts])
+    out = []
+    for j in range(len(follow[0])):
+        tok = torch.tensor([f[j] for f in follow], device=engine.device)
+        out.append(engine.decode_step(tok).to("cpu", torch.float64))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_tuned_dt)
+def test_tuned_path_decode_matches_the_model(tuned_engine, arch, dtype, seed):
+    """The tuned path's decode steps (its GEMV, the RMSNorm fold forced on wherever the GEMV runs, the SwiGLU
+    epilogue, the one-kernel embedding) against transformers' model in float64, teacher-forced from prompts of
+    different lengths (B = 3): in fp32 as close as the core path (the fold stays off in fp32: the core's
+    arithmetic), in bf16 at most twice the core path's error on the same steps (and within 5 %)."""
+    hf = _tuned_model(arch)
+    g = torch.Generator().manual_seed(seed)
+    v = hf.config.vocab_size
+    prompts = [torch.randint(0, v, (n,), generator=g).tolist() for n in (5, 9, 2)]
+    follow = [torch.randint(0, v, (3,), generator=g).tolist() for _ in prompts]
+    m64 = copy.deepcopy(hf).double()
+    with torch.no_grad():
+        want = [m64(torch.tensor([p + f])).logits[0, len(p):] for p, f in zip(prompts, follow)]
+    errs = {}
+    for name, kw in (("core", dict(tuned=False)), ("tuned", dict(tuned=True, fold_norm=True))):
+        engine = tuned_engine.LlamaEngine.from_hf(hf, dtype=dtype, max_batch=3, max_seq_len=24, **kw)
+        steps = _tuned_forced_logits(engine, prompts, follow)
+        errs[name] = max(rel_error(steps[j][i], want[i][j]) for i in range(3) for j in range(3))
+    bound = 2 * REL_TOL[torch.float32] if dtype == torch.float32 else min(0.05, 2 * errs["core"] + 2e-3)
+    assert errs["tuned"] <= bound, (f"{arch} {dtype}: the tuned path's decode logits are off transformers' float64 "
+                                    f"by {errs['tuned']:.2e} (core path: {errs['core']:.2e}; allowed {bound:.1e})")
+
+
+def _tuned_count_kernels(engine) -> dict:
+    """Wrap the tuned path's core kernels with counters: {name: calls}."""
+    counts = {}
+    for name, fn in list(engine.tuned.kernels.items()):
+        counts[name] = 0
+
+        def counted(*a, _name=name, _fn=fn, **kw):
+            counts[_name] += 1
+            return _fn(*a, **kw)
+        engine.tuned.kernels[name] = counted
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tuned_path_fuses_the_norms_and_the_swiglu(tuned_engine, arch, seed):
+    """What the tuned path runs in a decode step of L layers: in 16 bits with the fold on, the RMSNorm kernel
+    only for the final norm (each layer's two folded into their GEMVs) and no swiglu kernel (the gate|up GEMV's
+    epilogue); in fp32 the RMSNorms as kernels (never folded: fp32 keeps the core's arithmetic) and still no
+    swiglu kernel; with fuse_epilogues=False all of them as kernels. Greedy generation in fp32 on the tuned
+    path gives transformers' tokens. A bad option: ValueError."""
+    hf = _tuned_model(arch)
+    n_layer = hf.config.num_hidden_layers
+    ids = torch.randint(0, hf.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(seed))
+    cases = [(torch.bfloat16, dict(fold_norm=True), 1, 0), (torch.float32, {}, 2 * n_layer + 1, 0),
+             (torch.bfloat16, dict(fuse_epilogues=False), 2 * n_layer + 1, n_layer)]
+    for dtype, kw, norms, swiglus in cases:
+        engine = tuned_engine.LlamaEngine.from_hf(hf, dtype=dtype, max_batch=1, max_seq_len=16, tuned=True, **kw)
+        engine.prefill(ids.to(engine.device))
+        counts = _tuned_count_kernels(engine)
+        engine.decode_step(torch.tensor([3], device=engine.device))
+        got = (counts["rmsnorm"], counts["swiglu"], counts["apply_rope"], counts["write_kv"])
+        assert got == (norms, swiglus, n_layer, n_layer), (
+            f"{arch} {dtype} tuned {kw}: a decode step ran rmsnorm, swiglu, apply_rope, write_kv {got} times; "
+            f"expected {(norms, swiglus, n_layer, n_layer)}")
+    engine = tuned_engine.LlamaEngine.from_hf(hf, dtype=torch.float32, max_batch=1, max_seq_len=16, tuned=True)
+    with torch.no_grad():
+        want = hf.generate(ids, max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids))[0, 6:]
+    got = engine.generate(ids.to(engine.device), 5, cuda_graph=False)[0].cpu()
+    assert torch.equal(got, want), f"{arch} fp32 tuned path: greedy tokens {got.tolist()}, transformers {want.tolist()}"
+    with pytest.raises(ValueError, match="fold_norm"):
+        tuned_engine.LlamaEngine.from_hf(hf, dtype=torch.float32, max_batch=1, max_seq_len=16, tuned=True,
+                                         fold_norm="always")
+
+
+# ------------------------------------------------ on a GPU: the real geometries
+#: (name, hidden, heads, KV heads, head_dim, intermediate, vocab) of the course's two models
+_TUNED_REAL = [("llama-3.2-1b", 2048, 32, 8, 64, 8192, 128256), ("qwen3-0.6b", 1024, 16, 8, 128, 3072, 151936)]
+
+
+@pytest.mark.gpu
+@pytest.mark.given
+@pytest.mark.parametrize("geom", _TUNED_REAL, ids=lambda g: g[0])
+@pytest.mark.parametrize("m", [1, 2, 16], ids=lambda m: f"M{m}")
+def test_tuned_gemv_epilogues_at_real_geometries(tuned_gv, geom, m, seed):
+    """bf16, the decode copies as the tuned path makes them (K-major, folded, interleaved) with the configs
+    choose_config gives on this GPU: q|k|v with the RMSNorm folded in, gate|up folded with the SwiGLU epilogue,
+    against float64."""
+    _, c, h, hkv, d, f, _ = geom
+    dt = torch.bfloat16
+    x = randn(m, c, dtype=dt, device="cuda", scale=2.0) + 0.5
+    g = randn(c, dtype=dt, device="cuda") + 1.0
+    for n, swiglu in (((h + 2 * hkv) * d, False), (2 * f, True)):
+        w = (randn(n, c, dtype=dt, device="cuda") * c**-0.5).t()            # K-major
+        w_d = tuned_gv.fold_rmsnorm(g, w)
+        if swiglu:
+            w_d = tuned_gv.interleave_gate_up(w_d)
+        got = tuned_gv.gemv(x, w_d, rms_fold=True, swiglu=swiglu, eps=1e-5)
+        y = _rms64(x, g, 1e-5)
+        w64 = w.to("cpu", torch.float64)
+        full, s = y @ w64, y.abs() @ w64.abs()
+        if swiglu:
+            want = torch.nn.functional.silu(full[:, :f]) * full[:, f:]
+            scale = (full[:, :f].abs() + s[:, :f]) * (full[:, f:].abs() + s[:, f:])
+        else:
+            want, scale = full, s
+        assert_close(got, want, dtype=dt, rel_tol=3 * REL_TOL[dt], scale=scale,
+                     name=f"{geom[0]} M={m} {'gate|up SwiGLU' if swiglu else 'q|k|v'} with the RMSNorm folded in")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", _TUNED_REAL, ids=lambda g: g[0])
+def test_tuned_path_at_real_geometry(tuned_engine, geom, seed):
+    """Two layers of the real widths (vocabulary included), bf16, batch 2, on the GPU: the tuned path's
+    decode logits (folds where they pay, SwiGLU epilogue, PDL) within bf16 rounding of the core path's on the
+    same teacher-forced steps; replayed from a CUDA graph, generate() gives the eager tuned path's tokens."""
+    import transformers
+    name, c, h, hkv, d, f, v = geom
+    common_kw = dict(vocab_size=v, hidden_size=c, intermediate_size=f, num_hidden_layers=2, num_attention_heads=h,
+                     num_key_value_heads=hkv, head_dim=d, max_position_embeddings=4096, initializer_range=0.05,
+                     tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    if name.startswith("llama"):
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common_kw))
+    else:
+        hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common_kw, rms_norm_eps=1e-6))
+    hf = hf.eval()
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, v, (n,), generator=g).tolist() for n in (40, 17)]
+    follow = [torch.randint(0, v, (4,), generator=g).tolist() for _ in prompts]
+    out = {}
+    for path, tuned in (("core", False), ("tuned", True)):
+        engine = tuned_engine.LlamaEngine.from_hf(hf, dtype=torch.bfloat16, device="cuda", max_batch=2,
+                                                  max_seq_len=128, tuned=tuned)
+        out[path] = _tuned_forced_logits(engine, prompts, follow)
+    for j, (a, b) in enumerate(zip(out["core"], out["tuned"])):
+        err = rel_error(b, a)
+        assert err < 3e-2, f"{name}: tuned decode step {j} logits off the core path's by {err:.2e} (bf16)"
+    eager = engine.generate(prompts, 8, cuda_graph=False)
+    graph = engine.generate(prompts, 8, cuda_graph=True)
+    assert torch.equal(eager, graph), f"{name}: the tuned path replayed from a graph gives other tokens than eager"
