@@ -315,3 +315,44 @@ def test_tuned_path_at_real_geometry(tuned_engine, geom, seed):
     eager = engine.generate(prompts, 8, cuda_graph=False)
     graph = engine.generate(prompts, 8, cuda_graph=True)
     assert torch.equal(eager, graph), f"{name}: the tuned path replayed from a graph gives other tokens than eager"
+
+
+@pytest.mark.given
+def test_tuned_bench_parses_its_options_and_writes_the_floors(tmp_path):
+    """The stage-9 bench (solutions/a09_llama_inference/bench.py, run on a GPU) without a GPU: its arguments, the
+    bytes a step reads (every weight once, the tied head's embedding once, the KV cache of B sequences at the
+    context) and the table with each floor's verdict (Llama-3.2-1B batch 1: 60 %, Qwen3-0.6B batch 1: 45 %, both
+    at batch 16: 60 %; decode at least as fast as transformers' compiled static cache)."""
+    from common.impl import load
+    bench = load("a09_llama_inference.bench", "solutions")
+    a = bench.parse_args(["--models", "llama-tiny", "--batches", "1", "16", "--prompts", "7", "--quick",
+                          "--tuned-options", "fold_norm=True", "pdl=False"])
+    assert (a.models, a.batches, a.prompts, a.reps, a.runs) == (["llama-tiny"], [1, 16], [7], 3, 2)
+    assert a.options == {"fold_norm": True, "pdl": False}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--tuned-options", "fold_norm"])
+    assert (bench.floor("llama-3.2-1b", 1), bench.floor("qwen3-0.6b", 1), bench.floor("qwen3-0.6b", 16)) == (0.6, 0.45, 0.6)
+
+    class Layer:                              # the engine's weights, as shapes only
+        def __init__(self, *shapes):
+            (self.attn_norm_w, self.qkv_w, self.o_w, self.mlp_norm_w, self.gate_up_w, self.down_w) = \
+                [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+            self.q_norm_w = self.k_norm_w = None
+
+    class Engine:
+        n_layer, n_kv_head, head_dim, n_embd, dtype = 2, 2, 8, 16, torch.bfloat16
+        layers = [Layer((16,), (16, 64), (32, 16), (16,), (16, 48), (24, 16)) for _ in range(2)]
+        embed_w = torch.empty(50, 16, dtype=torch.bfloat16)
+        lm_w, norm_w = embed_w.t(), torch.empty(16, dtype=torch.bfloat16)
+    per_layer = 16 + 16 * 64 + 32 * 16 + 16 + 16 * 48 + 24 * 16
+    want = (2 * per_layer + 50 * 16 + 16 + 3 * 10 * 2 * 2 * 2 * 8) * 2
+    assert bench.step_bytes(Engine(), 3, 10) == want, "step_bytes: weights once (tied head: the embedding once) + KV"
+    rows = [dict(model="llama-3.2-1b", batch=1, prompt=128, step_ms=1.0, step_MB=2e3, GBps=2e3, of_copy=0.7,
+                 engine_decode_ms=1.0, engine_prefill_ms=2.0, hfc_decode_ms=0.9, hf_decode_ms=9.0),
+             dict(model="qwen3-0.6b", batch=1, prompt=128, step_ms=1.0, step_MB=2e3, GBps=2e3, of_copy=0.5,
+                  engine_decode_ms=1.0, engine_prefill_ms=2.0, notes=["hf compiled: RuntimeError"])]
+    text = bench.write(rows, tmp_path / "a09_decode", 3000.0, "solutions", "python -m x --flag", [])
+    assert "`python -m x --flag`" in text.splitlines()[2], "the rerun command goes at the top"
+    assert "llama-3.2-1b B=1 P=128: 70.0% of copy, floor 60%: met" in text
+    assert "NOT met (at least as fast)" in text and "qwen3-0.6b B=1 P=128: 50.0% of copy, floor 45%: met" in text
+    assert (tmp_path / "a09_decode.csv").exists() and (tmp_path / "a09_decode.md").exists()
