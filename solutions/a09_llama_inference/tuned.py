@@ -24,18 +24,25 @@ decode GEMM runs on a08's tuned GEMV (tuned_gemv.gemv), with two epilogues it ga
   BLOCK_N columns holds both halves of BLOCK_N / 2 features; the epilogue stores silu(gate)·up, rounded as
   transformers rounds it (``swiglu=True``): one kernel instead of the GEMV and the swiglu kernel, and the
   [B, 2F] intermediate never goes to memory. In every dtype (the same arithmetic as the swiglu kernel);
+* the rotary embedding and the KV-cache write in the q|k|v GEMV's epilogue (``fuse_rope``), for layers without
+  q/k norms (Llama; Qwen 3's per-head norms need a whole head in one program, which the one-row GEMV's few
+  columns a program are not: there your apply_rope and write_kv run after the GEMV): at load each head's
+  columns are interleaved (tuned_gemv.interleave_rope: 2i and 2i + 1 hold i and i + d/2, the pair one rotation
+  mixes), the epilogue rotates q and k at the row's position from a cos | sin table (apply_rope's arithmetic),
+  stores q|k|v in the engine's order and appends k and v to the caches (write_kv's work);
 * the embedding gather and ``lengths + 1`` in one kernel (_embed_kernel), not PyTorch's two.
 
-A decode block (batch 1, 16 bits, where the fold pays) is then: GEMV q|k|v (norm folded), apply_rope,
-write_kv, attention (split + combine), GEMV o (+ residual), GEMV gate|up (norm folded, SwiGLU), GEMV down
-(+ residual): 8 kernels instead of the core's 11. The speed of each: lectures/results/a09_decode.md
+A Llama decode block (batch 1, 16 bits) is then: GEMV q|k|v (norm folded where it pays, rotation, KV write),
+attention (split + combine), GEMV o (+ residual), GEMV gate|up (norm folded where it pays, SwiGLU), GEMV down
+(+ residual): 6 kernels (7 where a norm stays a kernel) instead of the core's 11; Qwen 3's: 8 (its q/k norms
+keep apply_rope and write_kv). The speed of each: lectures/results/a09_decode.md
 (``python -m solutions.a09_llama_inference.bench``).
 
 Options: ``decode_gemv=False`` sends the decode GEMMs to the a06 matmul (nothing fused: the engine before the
-GEMV); ``fuse_epilogues=False`` keeps the GEMV but runs every RMSNorm and the SwiGLU as kernels of their own;
-``fold_norm`` ("auto": where fold_pays; True: wherever the GEMV runs, in 16 bits; False: never) and
-``fuse_swiglu`` (bool) pick one fusion (default: both on with fuse_epilogues); ``pdl`` (default: on where the
-GPU supports it, unless COURSE_PDL=0).
+GEMV); ``fuse_epilogues=False`` keeps the GEMV but runs every RMSNorm, the SwiGLU, the rotation and the KV write as kernels of their own;
+``fold_norm`` ("auto": where fold_pays; True: wherever the GEMV runs, in 16 bits; False: never),
+``fuse_swiglu`` and ``fuse_rope`` (bools) pick one fusion (default: all on with fuse_epilogues); ``pdl``
+(default: on where the GPU supports it, unless COURSE_PDL=0).
 """
 from __future__ import annotations
 
@@ -80,7 +87,7 @@ class TunedLlamaPath(TunedPath):
     the a06 matmul) are looked up in the engine's own tree."""
 
     def __init__(self, engine, *, decode_gemv: bool = True, pdl: bool | None = None, fuse_epilogues: bool = True,
-                 fold_norm: str | bool | None = None, fuse_swiglu: bool | None = None):
+                 fold_norm: str | bool | None = None, fuse_swiglu: bool | None = None, fuse_rope: bool | None = None):
         fold_norm = ("auto" if fuse_epilogues else False) if fold_norm is None else fold_norm
         if fold_norm not in FOLD_NORM or isinstance(fold_norm, int) and not isinstance(fold_norm, bool):
             raise ValueError(f"fold_norm: expected one of {FOLD_NORM}, got {fold_norm!r}")
@@ -88,7 +95,12 @@ class TunedLlamaPath(TunedPath):
         self.fold_norm = fold_norm
         #: the SwiGLU in the gate|up GEMV's epilogue (its weight's columns interleaved at load)
         self.fuse_swiglu = bool(fuse_epilogues if fuse_swiglu is None else fuse_swiglu)
+        #: the rotation and the KV-cache write in the q|k|v GEMV's epilogue (layers without q/k norms: Llama)
+        self.fuse_rope = bool(fuse_epilogues if fuse_rope is None else fuse_rope)
         self._gate_up: dict[int, torch.Tensor] = {}
+        self._qkv_rope: dict[int, torch.Tensor] = {}
+        self._rope_w: set[int] = set()
+        self._rope_tab = tuned_gemv.rope_table(engine.cos, engine.sin)     # fp32 [S_max, d]: cos | sin
         super().__init__(engine, decode_gemv=decode_gemv, pdl=pdl, fuse_epilogues=fuse_epilogues)
         self._find_kernels()
 
@@ -115,6 +127,8 @@ class TunedLlamaPath(TunedPath):
         self._k_major.clear()
         self._folded.clear()
         self._gate_up.clear()
+        self._qkv_rope.clear()
+        self._rope_w.clear()
         if not self.decode_gemv:
             return
         e = self.engine
@@ -122,15 +136,21 @@ class TunedLlamaPath(TunedPath):
         for layer in e.layers:
             for w in (layer.o_w, layer.down_w):
                 self._k_major[id(w)] = _k_major(w)
+            rope = self.fuse_rope and layer.q_norm_w is None and layer.k_norm_w is None
             for norm_w, w, gu in ((layer.attn_norm_w, layer.qkv_w, False), (layer.mlp_norm_w, layer.gate_up_w, True)):
                 plain = _k_major(w)
                 if gu and self.fuse_swiglu:
-                    plain = tuned_gemv.interleave_gate_up(plain)
+                    plain, where = tuned_gemv.interleave_gate_up(plain), self._gate_up
+                elif not gu and rope:
+                    plain, where = tuned_gemv.interleave_rope(plain, e.head_dim), self._qkv_rope
+                    self._rope_w.add(id(w))
+                else:
+                    where = self._k_major
                 fold_one, fold_all = self._fold(1, plain), self._fold(rows, plain)
                 if fold_one:
                     self._folded[id(w)] = tuned_gemv.fold_rmsnorm(norm_w, plain)
                 if not (fold_one and fold_all):
-                    (self._gate_up if gu and self.fuse_swiglu else self._k_major)[id(w)] = plain
+                    where[id(w)] = plain
 
     def _fold(self, rows: int, w: torch.Tensor) -> bool:
         """Whether the RMSNorm before the decode weight w [K, N] folds into its GEMV at ``rows`` rows."""
@@ -147,15 +167,20 @@ class TunedLlamaPath(TunedPath):
         y = self.kernels["matmul"](x, w, b, activation, allow_tf32=self.engine._tf32, config=_INTERPRETER_TILES)
         return y if residual is None else y + residual
 
-    def _norm_gemv(self, h, norm_w, w, *, swiglu: bool = False):
+    def _norm_gemv(self, h, norm_w, w, *, swiglu: bool = False, kv_cache=None):
         """RMSNorm(h) @ w on the decode GEMV: folded (one kernel) where :meth:`_fold` says so, else your rmsnorm
-        kernel and the GEMV. ``swiglu``: w is gate|up, its interleaved copy's GEMV stores silu(gate)·up."""
+        kernel and the GEMV. ``swiglu``: w is gate|up, its interleaved copy's GEMV stores silu(gate)·up.
+        ``kv_cache``: w is q|k|v with the rotation fused (:meth:`qkv_rope`): its per-head interleaved copy's GEMV
+        rotates q and k and appends k and v to the caches."""
         e = self.engine
         rows = h.numel() // h.shape[-1]
+        rope = dict(kv_cache=kv_cache, rope=self._rope_tab) if kv_cache is not None else {}
         folded = self._folded.get(id(w)) if self._fold(rows, w) else None
         if folded is not None:
-            return tuned_gemv.gemv(h, folded, rms_fold=True, swiglu=swiglu, eps=e.eps, pdl=self.pdl)
+            return tuned_gemv.gemv(h, folded, rms_fold=True, swiglu=swiglu, eps=e.eps, pdl=self.pdl, **rope)
         y = self.kernels["rmsnorm"](h, norm_w, e.eps, pdl=self.pdl)
+        if rope:
+            return tuned_gemv.gemv(y, self._qkv_rope[id(w)], pdl=self.pdl, **rope)
         if not swiglu:
             return tuned_gemv.gemv(y, self._k_major.get(id(w), w), pdl=self.pdl)
         w_i = self._gate_up.get(id(w))
@@ -164,9 +189,12 @@ class TunedLlamaPath(TunedPath):
         return tuned_gemv.gemv(y, w_i, swiglu=True, pdl=self.pdl)
 
     def qkv_rope(self, h, norm_w, w, kv_cache, *, q_norm=None, k_norm=None):
-        """The engine's qkv_rope(): q|k|v = RMSNorm(h) @ w on the GEMV (the norm folded in where it pays), then
-        your apply_rope (Qwen 3's q/k norms with it) and write_kv of the rotated k and v, all with PDL."""
+        """The engine's qkv_rope(): q|k|v = RMSNorm(h) @ w on the GEMV (the norm folded in where it pays). With
+        fuse_rope and no q/k norms (Llama): the rotation and the cache write in that GEMV's epilogue, one kernel
+        for the four; else your apply_rope (Qwen 3's q/k norms with it) and write_kv after it, all with PDL."""
         e = self.engine
+        if self._gemv_rows(h) and id(w) in self._rope_w:
+            return self._norm_gemv(h, norm_w, w, kv_cache=kv_cache)
         if not self._gemv_rows(h):
             y = self.linear(self.kernels["rmsnorm"](h, norm_w, e.eps, pdl=self.pdl), w)
         else:
@@ -221,3 +249,62 @@ def _k_major(w: torch.Tensor) -> torch.Tensor:
     if w.stride(0) == 1 and w.t().is_contiguous():
         return w
     return w.t().contiguous().t()
+
+
+# ----------------------------------------------------------------------------- portability (given)
+#: (model, hidden C, q heads, KV heads, head dim, intermediate F, q/k norms) of the course's two models
+GEOMETRIES = (("llama-3.2-1b", 2048, 32, 8, 64, 8192, False), ("qwen3-0.6b", 1024, 16, 8, 128, 3072, True))
+
+
+def portability_launches(archs) -> list:
+    """The tuned path's Triton launches at the two models' geometries, as it makes them on each GPU family of
+    ``archs`` (common.gpu.Arch; tuned_gemv.choose_config on 132 SMs with the family's shared memory), for
+    ``python -m common.course.portability`` (stage 9's stage.py yields them): the decode GEMVs with the epilogues
+    this stage added (q|k|v: RMSNorm folded, rotation and KV write for Llama; gate|up: folded, SwiGLU; o and down:
+    the residual) at 1 and 16 rows, PDL on sm_90, and the embedding kernel."""
+    from common.course.portability import BF16, FP32, Launch, _dt
+    out = []
+    i32, f32 = _dt("int32"), _dt(FP32)
+    for dt in (BF16, FP32):
+        t = _dt(dt)
+        for model, c, h, hkv, d, f, qk_norm in GEOMETRIES:
+            out.append(Launch("a09", "_embed_kernel", f"{dt} {model} C={c}", _embed_kernel,
+                              (_dt("int64"), i32, t, t, i32, c), dict(BLOCK_C=next_power_of_2(c), USE_PDL=False,
+                                                                      num_warps=4)))
+            gemms = [("qkv", c, (h + 2 * hkv) * d, dict(rms=dt != FP32, rope=not qk_norm)),
+                     ("gate_up", c, 2 * f, dict(rms=dt != FP32, swiglu=True)),
+                     ("o", h * d, c, dict(residual=True)), ("down", f, c, dict(residual=True))]
+            for name, k, n, ep in gemms:
+                for m in (1, 16):
+                    for arch in archs:
+                        out += _gemv_launch(t, f32, i32, dt, model, name, m, k, n, ep, arch, hkv, d)
+    return out
+
+
+def _gemv_launch(t, f32, i32, dt, model, name, m, k, n, ep, arch, hkv, d) -> list:
+    from common.course.portability import Launch
+    from common.launch import cdiv
+    gv = tuned_gemv
+    bn, bk, splits, warps, stages = gv.choose_config(m, n, k, t, True, 132, smem=arch.smem_per_block, interpreter=False)
+    dot = gv.use_dot(m)
+    bm = gv.block_m(m, dot)
+    per = cdiv(cdiv(k, bk), splits) * bk
+    rope = ep.get("rope", False)
+    launches = []
+    for pdl in ((False, True) if arch.name == "sm_90" and m == 1 else (False,)):
+        kwargs = dict(KV_WRITE=rope, HAS_BIAS=False, ACTIVATION=None, FAST_TANH=False,
+                      HAS_RESIDUAL=ep.get("residual", False), LN_FOLD=False, PRELOAD=gv.preload(k, bm, warps),
+                      ONE_TILE=gv.stat_k(k, bm, warps) >= k, STAT_K=gv.stat_k(k, bm, warps), SPLIT_K=splits,
+                      COMBINE=gv.combine_chunk(splits, bm, bn, warps), USE_DOT=dot, DOT_FP32=False, BLOCK_M=bm,
+                      BLOCK_N=bn, BLOCK_K=bk, W_K_CONTIG=True, FENCE=True, USE_PDL=pdl, num_warps=warps,
+                      num_stages=stages)
+        if ep.get("rms") or ep.get("swiglu") or rope:
+            kwargs.update(RMS_FOLD=bool(ep.get("rms")), SWIGLU=bool(ep.get("swiglu")), ROPE=rope,
+                          KV_HEADS=hkv if rope else 0)
+        what = "+".join(x for x in ("rms", "swiglu", "rope", "residual") if ep.get(x)) or "plain"
+        launches.append(Launch("a09", "_matvec_kernel",
+                               f"{dt} {model} {name} M={m} {k}->{n} {what} {(bn, bk, splits, warps, stages)}"
+                               f"{' PDL' if pdl else ''}", gv._matvec_kernel,
+                               (t, t, f32, t, f32, i32, t, f32, m, n, k, per, k, 1, 1, k, n, n, 1e-5,
+                                t, t, i32, hkv * 4096 * d, 4096 * d, d, 4096, d), kwargs, (arch.name,)))
+    return launches
