@@ -438,3 +438,5 @@ def test_tuned_bench_parses_its_options_and_writes_the_floors(tmp_path):
     assert "llama-3.2-1b B=1 P=128: 70.0% of copy, floor 60%: met" in text
     assert "NOT met (at least as fast)" in text and "qwen3-0.6b B=1 P=128: 50.0% of copy, floor 45%: met" in text
     assert (tmp_path / "a09_decode.csv").exists() and (tmp_path / "a09_decode.md").exists()
+    kept = bench.earlier_rows(tmp_path / "a09_decode", rows[1:])      # --append: a run that measured Qwen again
+    assert kept == rows[:1], f"--append keeps the other cases' rows as they were: {kept}"

@@ -5,6 +5,7 @@ and against transformers.
     python -m solutions.a09_llama_inference.bench --models llama-3.2-1b --batches 1 --prompts 128 --quick
     python -m solutions.a09_llama_inference.bench --no-compiled            # skip transformers + torch.compile
     python -m solutions.a09_llama_inference.bench --profile                # kernels of one replayed step, by name
+    python -m solutions.a09_llama_inference.bench --models qwen3-0.6b --append   # add its rows to the earlier table
     python -m common.course.bench a09 --impl solutions                     # the same, through the course's driver
     python -m solutions.a09_llama_inference.bench --impl path/to/submission
 
@@ -243,6 +244,37 @@ def verdicts(rows: list[dict]) -> list[str]:
     return out
 
 
+def earlier_rows(out: Path, rows: list[dict]) -> list[dict]:
+    """The rows of ``out``.csv (an earlier run) for the cases ``rows`` does not have, numbers parsed back."""
+    path = out.with_suffix(".csv")
+    if not path.exists():
+        return []
+    have = {(r["model"], r["batch"], r["prompt"]) for r in rows}
+    kept = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row = {}
+            for k, v in r.items():
+                if v in ("", None):
+                    continue
+                if k == "notes":
+                    row[k] = v.split("; ")
+                elif k in ("model",):
+                    row[k] = v
+                elif k in ("batch", "prompt"):
+                    row[k] = int(v)
+                elif v in ("True", "False"):
+                    row[k] = v == "True"
+                else:
+                    try:
+                        row[k] = float(v)
+                    except ValueError:
+                        row[k] = v
+            if (row.get("model"), row.get("batch"), row.get("prompt")) not in have:
+                kept.append(row)
+    return kept
+
+
 def write(rows: list[dict], out: Path, gbps_copy: float, impl: Impl, cmd: str, profiles: list[str]) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -344,6 +376,9 @@ def parse_args(argv=None):
                     help="options of the tuned path (e.g. fold_norm=True fuse_swiglu=False pdl=False)")
     add_impl_argument(ap, MODULE)
     ap.add_argument("--out", default=None, help="csv/md path prefix (default: results_dir(impl)/a09_decode)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of the existing csv whose (model, batch, prompt) this run does not measure "
+                         "(a run per model, each within a time limit, makes one table)")
     args = ap.parse_args(argv)
     if args.quick:
         args.reps, args.runs = 3, 2
@@ -390,6 +425,8 @@ def main(argv=None):
                     profiles += prof
         del engine, hf
         torch.cuda.empty_cache()
+    if args.append:
+        rows = earlier_rows(out, rows) + rows
     text = write(rows, out, gbps_copy, impl, cmd, profiles)
     print(text)
 
