@@ -213,10 +213,10 @@ def _rope_store(acc, Y, TAB, KC, VC, START, M, N, stride_ym, s_cb, s_ch, s_cn, S
     """Given. The ROPE epilogue: acc holds a block of q|k|v [BLOCK_M, BLOCK_N] whose heads' columns W interleaves
     (interleave_rope: columns 2i, 2i + 1 of a head are its i and i + d/2). Each pair, rounded to Y's dtype (the
     projection as stored unfused), is rotated at the row's position START[m] (q and k heads; v's pass through):
-    (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin) in fp32 with TAB [S_MAX, HEAD_DIM] = cos | sin
-    (fp32), rounded once; stored to Y at the head's columns i and i + d/2 (q|k|v in the engine's order), and the
-    k and v heads also to the caches KC / VC [B, KV_HEADS, S_MAX, HEAD_DIM] at position START[m]: what apply_rope
-    and write_kv would do after the GEMV (the same arithmetic), without their kernels."""
+    (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin) in fp32 with TAB [S_MAX, HEAD_DIM] =
+    cos | sin (fp32), rounded once; stored to Y at the head's columns i and i + d/2 (q|k|v in the engine's order),
+    and the k and v heads also to the caches KC / VC [B, KV_HEADS, S_MAX, HEAD_DIM] at position START[m]: what
+    apply_rope and write_kv would do after the GEMV (the same arithmetic), without their kernels."""
     a, b = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
     a = a.to(Y.dtype.element_ty).to(tl.float32)
     b = b.to(Y.dtype.element_ty).to(tl.float32)
@@ -930,7 +930,8 @@ def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, co
         if kv_cache is None:
             raise ValueError("rope: needs kv_cache=(k_cache, v_cache, start) (the positions and the caches)")
         if bias is not None or activation is not None or residual is not None or swiglu or ln_colsum is not None:
-            raise ValueError("rope: the output is the rotated q|k|v; no bias, activation, residual, swiglu or ln_colsum")
+            raise ValueError("rope: the output is the rotated q|k|v; no bias, activation, residual, swiglu or "
+                             "ln_colsum with it")
         kv_heads = _check_rope(x2, n, rope, *kv_cache)
     if m == 0 or n == 0:
         return m, n, k, out_shape, None, None, None, [None] * 4

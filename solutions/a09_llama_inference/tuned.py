@@ -39,7 +39,8 @@ keep apply_rope and write_kv). The speed of each: lectures/results/a09_decode.md
 (``python -m solutions.a09_llama_inference.bench``).
 
 Options: ``decode_gemv=False`` sends the decode GEMMs to the a06 matmul (nothing fused: the engine before the
-GEMV); ``fuse_epilogues=False`` keeps the GEMV but runs every RMSNorm, the SwiGLU, the rotation and the KV write as kernels of their own;
+GEMV); ``fuse_epilogues=False`` keeps the GEMV but runs every RMSNorm, the SwiGLU, the rotation and the KV
+write as kernels of their own;
 ``fold_norm`` ("auto": where fold_pays; True: wherever the GEMV runs, in 16 bits; False: never),
 ``fuse_swiglu`` and ``fuse_rope`` (bools) pick one fusion (default: all on with fuse_epilogues); ``pdl``
 (default: on where the GPU supports it, unless COURSE_PDL=0).
