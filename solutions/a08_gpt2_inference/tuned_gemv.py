@@ -174,11 +174,90 @@ def _tile_stats(xrow, K, eps, STAT_K: tl.constexpr):
 
 
 @triton.jit
+def _row_rms(X, M, K, stride_xm, stride_xk, eps, BLOCK_M: tl.constexpr, STAT_K: tl.constexpr):
+    """Given. RMSNorm statistic of X's rows [BLOCK_M] (rows >= M: 1/sqrt(eps)): rsqrt(mean(x²) + eps) in fp32,
+    as transformers' LlamaRMSNorm (no mean subtracted), in one pass over the row, STAT_K columns a load."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, STAT_K)
+    m_ok = offs_m < M
+    rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+    sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, STAT_K):
+        ok = m_ok[:, None] & (k0 + offs_k < K)[None, :]
+        x = tl.load(rows + (k0 + offs_k)[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(sq / K + eps)
+
+
+@triton.jit
+def _tile_rms(xrow, K, eps):
+    """Given. rsqrt(mean(x²) + eps) [BLOCK_M] of a _row_tile (masked to 0 past K: no mask needed)."""
+    x = xrow.to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / K + eps)
+
+
+@triton.jit
+def _silu_mul(g, u, DT: tl.constexpr):
+    """Given. SwiGLU's silu(g)·u, rounded as transformers' LlamaMLP rounds it in the dtype DT: the two
+    projections rounded to DT, silu computed in fp32 from the rounded gate and rounded, the product of the two
+    rounded values rounded once more (by the caller's store). fp32: no rounding at all."""
+    g = g.to(DT).to(tl.float32)
+    u = u.to(DT).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
+    return s * u
+
+
+@triton.jit
+def _rope_store(acc, Y, TAB, KC, VC, START, M, N, stride_ym, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_HEADS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Given. The ROPE epilogue: acc holds a block of q|k|v [BLOCK_M, BLOCK_N] whose heads' columns W interleaves
+    (interleave_rope: columns 2i, 2i + 1 of a head are its i and i + d/2). Each pair, rounded to Y's dtype (the
+    projection as stored unfused), is rotated at the row's position START[m] (q and k heads; v's pass through):
+    (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin) in fp32 with TAB [S_MAX, HEAD_DIM] =
+    cos | sin (fp32), rounded once; stored to Y at the head's columns i and i + d/2 (q|k|v in the engine's order),
+    and the k and v heads also to the caches KC / VC [B, KV_HEADS, S_MAX, HEAD_DIM] at position START[m]: what
+    apply_rope and write_kv would do after the GEMV (the same arithmetic), without their kernels."""
+    a, b = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+    a = a.to(Y.dtype.element_ty).to(tl.float32)
+    b = b.to(Y.dtype.element_ty).to(tl.float32)
+    offs_m = tl.arange(0, BLOCK_M)
+    col = 2 * (tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2))    # a's column in W's order
+    head = col // HEAD_DIM
+    half = HEAD_DIM // 2
+    i = (col - head * HEAD_DIM) // 2
+    m_ok = offs_m < M
+    ok = m_ok[:, None] & (col < N)[None, :]
+    pos = tl.load(START + offs_m, mask=m_ok, other=0)
+    q_heads = N // HEAD_DIM - 2 * KV_HEADS
+    rot = ok & (head < q_heads + KV_HEADS)[None, :] & (pos < S_MAX)[:, None]       # q and k heads, in the table
+    tab = TAB + pos[:, None].to(tl.int64) * HEAD_DIM + i[None, :]
+    c = tl.load(tab, mask=rot, other=1.0)
+    sn = tl.load(tab + half, mask=rot, other=0.0)
+    ya = (a * c - b * sn).to(Y.dtype.element_ty)
+    yb = (b * c + a * sn).to(Y.dtype.element_ty)
+    out = Y + offs_m[:, None] * stride_ym + (head * HEAD_DIM + i)[None, :]
+    tl.store(out, ya, mask=ok)
+    tl.store(out + half, yb, mask=ok)
+    part = head - q_heads                                   # k heads: 0 .. KV_HEADS - 1, then v's
+    is_k = (part >= 0) & (part < KV_HEADS)
+    is_v = part >= KV_HEADS
+    kvh = tl.where(is_v, part - KV_HEADS, part)
+    in_cache = ok & (pos < S_MAX)[:, None]
+    dst = (offs_m[:, None].to(tl.int64) * s_cb + kvh[None, :].to(tl.int64) * s_ch
+           + pos[:, None].to(tl.int64) * s_cn + i[None, :])
+    tl.store(KC + dst, ya, mask=in_cache & is_k[None, :])
+    tl.store(KC + dst + half, yb, mask=in_cache & is_k[None, :])
+    tl.store(VC + dst, ya, mask=in_cache & is_v[None, :])
+    tl.store(VC + dst + half, yb, mask=in_cache & is_v[None, :])
+
+
+@triton.jit
 def _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, stride_rm, stride_ym, eps,
               KC, VC, START, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_WRITE: tl.constexpr, HAS_BIAS: tl.constexpr,
               ACTIVATION: tl.constexpr, FAST_TANH: tl.constexpr,
               HAS_RESIDUAL: tl.constexpr, LN_FOLD: tl.constexpr, PRELOAD: tl.constexpr, ONE_TILE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAT_K: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAT_K: tl.constexpr, RMS_FOLD: tl.constexpr,
+              SWIGLU: tl.constexpr, ROPE: tl.constexpr, KV_HEADS: tl.constexpr):
     """Given. Column block pid_n's output from acc = X @ W[:, cols] (fp32 [BLOCK_M, BLOCK_N], all splits summed):
 
         LN_FOLD:       acc = rstd_m · (acc − mean_m · COLSUM[n])   (X's row statistics: of ``xrow``, the rows
@@ -195,7 +274,17 @@ def _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, s
 
     The LayerNorm fold (see fold_layernorm): with W = diag(γ)·W₀, COLSUM = Σ_k W[k, :] and BIAS = β·W₀ + b₀,
     rstd·(x·W − mean·COLSUM) + BIAS = ((x − mean)·rstd·γ + β)·W₀ + b₀ = LayerNorm(x)·W₀ + b₀: the LayerNorm
-    kernel before the GEMV is gone, and only the statistics (two numbers a row) are computed here."""
+    kernel before the GEMV is gone, and only the statistics (two numbers a row) are computed here.
+
+    Two more epilogues for Llama-family models (stage 9), off for GPT-2:
+        RMS_FOLD:      acc = rstd_m · acc, rstd_m = rsqrt(mean(x_m²) + eps): RMSNorm folded into W = diag(γ)·W₀
+                       (fold_rmsnorm; no mean, no column sums)
+        SWIGLU:        W's columns interleave a gate and an up projection (interleave_gate_up: column 2f the
+                       gate of feature f, 2f + 1 its up): Y[m, f] = silu(gate)·up (_silu_mul), N / 2 outputs,
+                       BLOCK_N / 2 of them a program (N here: W's columns, 2F).
+        ROPE:          Y is q|k|v of a grouped-query attention (KV_HEADS k and v heads after the q heads), W's
+                       columns interleaved per head by interleave_rope; q and k rotated at START[m], k and v
+                       written to the caches (_rope_store; COLSUM is then the rotation table cos | sin)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -209,6 +298,14 @@ def _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, s
             mean, rstd = _row_stats(X, M, K, stride_xm, stride_xk, eps, BLOCK_M, STAT_K)
         colsum = tl.load(COLSUM + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         acc = (acc - mean[:, None] * colsum[None, :]) * rstd[:, None]
+    if RMS_FOLD:
+        if PRELOAD:
+            rstd = _tile_rms(xrow, K, eps)
+        elif ONE_TILE:
+            rstd = _tile_rms(_row_tile(X, M, K, stride_xm, stride_xk, BLOCK_M, STAT_K), K, eps)
+        else:
+            rstd = _row_rms(X, M, K, stride_xm, stride_xk, eps, BLOCK_M, STAT_K)
+        acc = acc * rstd[:, None]
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if ACTIVATION == "gelu_tanh":
@@ -216,9 +313,19 @@ def _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, s
     if HAS_RESIDUAL:   # rounded to Y's dtype first, as the unfused model stores the sub-layer's output
         r = tl.load(R + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
         acc = acc.to(Y.dtype.element_ty).to(tl.float32) + r
-    y = acc.to(Y.dtype.element_ty)
-    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
-    if KV_WRITE:
+    if ROPE:           # pairs (x_i, x_{i+d/2}) of a head -> rotated, stored in place, k and v to the caches
+        _rope_store(acc, Y, COLSUM, KC, VC, START, M, N, stride_ym, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_HEADS,
+                    BLOCK_M, BLOCK_N)
+    elif SWIGLU:       # pairs (gate, up) of columns -> one output each
+        g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        acc = _silu_mul(g, u, Y.dtype.element_ty)
+        offs_f = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        mask = (offs_m < M)[:, None] & (offs_f < N // 2)[None, :]
+        tl.store(Y + offs_m[:, None] * stride_ym + offs_f[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+    else:
+        y = acc.to(Y.dtype.element_ty)
+        tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
+    if KV_WRITE and not ROPE:
         c = N // 3
         part = offs_n // c                                   # 0: q, 1: k, 2: v
         j = offs_n - part * c
@@ -241,7 +348,8 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
                  STAT_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, COMBINE: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_K_CONTIG: tl.constexpr,
-                 FENCE: tl.constexpr, USE_PDL: tl.constexpr):
+                 FENCE: tl.constexpr, USE_PDL: tl.constexpr, RMS_FOLD: tl.constexpr = False,
+                 SWIGLU: tl.constexpr = False, ROPE: tl.constexpr = False, KV_HEADS: tl.constexpr = 0):
     """Program (pid_n, split): Y[:M, cols] = act(X[:M, :] @ W[:, cols] + BIAS[cols]) (+ R[:M, cols]) for
     the BLOCK_N columns cols of block pid_n (LN_FOLD: X's rows layer-normalised first, see _epilogue),
     the rows k of W in [split·K_PER_SPLIT, +K_PER_SPLIT)
@@ -259,8 +367,8 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
     if USE_PDL:   # given: programmatic dependent launch (PDL_NOTES): wait for the previous kernel, then
         tl.extra.cuda.gdc_wait()                   # let the next one start launching
         tl.extra.cuda.gdc_launch_dependents()
-    xrow = 0.0    # given: the LayerNorm fold's rows of x, loaded now and reduced in _epilogue (PRELOAD)
-    if LN_FOLD and PRELOAD:
+    xrow = 0.0    # given: the LayerNorm (RMSNorm) fold's rows of x, loaded now and reduced in _epilogue (PRELOAD)
+    if (LN_FOLD or RMS_FOLD) and PRELOAD:
         xrow = _row_tile(X, M, K, stride_xm, stride_xk, BLOCK_M, STAT_K)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -331,7 +439,8 @@ def _matvec_kernel(X, W, BIAS, Y, PART, COUNT, R, COLSUM,
     if finish:   # given: the program that holds the block's full sums adds the rest and stores
         _epilogue(acc, xrow, X, BIAS, COLSUM, R, Y, M, N, K, stride_xm, stride_xk, stride_rm, stride_ym, eps,
                   KC, VC, START, s_cb, s_ch, s_cn, S_MAX, HEAD_DIM, KV_WRITE, HAS_BIAS, ACTIVATION, FAST_TANH,
-                  HAS_RESIDUAL, LN_FOLD, PRELOAD, ONE_TILE, BLOCK_M, BLOCK_N, STAT_K)
+                  HAS_RESIDUAL, LN_FOLD, PRELOAD, ONE_TILE, BLOCK_M, BLOCK_N, STAT_K, RMS_FOLD, SWIGLU, ROPE,
+                  KV_HEADS)
 
 
 # ==================================================================== launch (given)
@@ -465,7 +574,7 @@ _PLANS: dict[tuple, tuple] = {}
 
 def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: torch.device, activation: str | None,
           has_bias: bool, config, pdl: bool, residual: bool = False, ln_fold: bool = False,
-          kv_write: bool = False) -> tuple:
+          kv_write: bool = False, rms_fold: bool = False, swiglu: bool = False, rope_kv_heads: int = 0) -> tuple:
     """(grid, rows of W per split, launch kwargs) for one gemv key; raises on a bad ``config``."""
     if config is None:
         config = choose_config(m, n, k, dtype, k_contig, sm_count(device), smem=_smem(device))
@@ -478,6 +587,8 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
         raise ValueError(f"config: BLOCK_N={bn} and BLOCK_K={bk} must be powers of 2 (>= 16 with tl.dot)")
     if splits < 1:
         raise ValueError(f"config: SPLIT_K={splits}; expected >= 1")
+    if (swiglu or rope_kv_heads) and bn < 2:
+        raise ValueError(f"config: BLOCK_N={bn}; swiglu and rope need >= 2 (column pairs)")
     per = cdiv(cdiv(max(k, 1), bk), splits) * bk      # rows of W per split, whole slices
     n_blocks = cdiv(n, bn)
     use_pdl = bool(pdl) and pdl_supported(device)
@@ -489,6 +600,8 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, k_contig: bool, device: to
                   DOT_FP32=TRITON_INTERPRET and dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   W_K_CONTIG=k_contig, FENCE=not TRITON_INTERPRET, USE_PDL=use_pdl, num_warps=warps,
                   num_stages=stages, **(dict(launch_pdl=True) if use_pdl else {}))
+    if rms_fold or swiglu or rope_kv_heads:           # stage 9's epilogues (GPT-2's launches: the defaults)
+        kwargs.update(RMS_FOLD=rms_fold, SWIGLU=swiglu, ROPE=rope_kv_heads > 0, KV_HEADS=rope_kv_heads)
     return (n_blocks, splits), per, kwargs
 
 
@@ -566,6 +679,87 @@ def fold_layernorm(ln_weight: torch.Tensor, ln_bias: torch.Tensor, w: torch.Tens
     return w_f, bias_f.float(), colsum
 
 
+def fold_rmsnorm(norm_weight: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Fold an RMSNorm's weight into the weight that follows it, once, at load time:
+
+        w_f = fold_rmsnorm(norm.weight, w)
+        gemv(h, w_f, rms_fold=True, eps=norm.eps)  ≈  RMSNorm(h) @ w
+
+    RMSNorm(h)·w = (h·rstd·γ)·w = rstd·(h·(diag(γ)·w)): w_f = diag(γ)·w, computed in float64 and rounded
+    once to w's dtype, in w's memory layout (a K-major w stays K-major); the kernel reads h itself and computes
+    each row's rstd = rsqrt(mean(h²) + eps) in its epilogue. transformers rounds the normalised row to the
+    dtype before γ multiplies; the fold does not (a 16-bit rounding's difference, which is why the tuned path
+    folds only in 16 bits)."""
+    k = w.shape[0]
+    if w.dim() != 2 or norm_weight.shape != (k,):
+        raise ValueError(f"fold_rmsnorm: expected the norm's weight [K] and w [K, N]; got "
+                         f"{tuple(norm_weight.shape)} and {tuple(w.shape)}")
+    dense = w.is_contiguous() or w.t().is_contiguous()
+    w_f = torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device=w.device) if dense else torch.empty_like(
+        w, memory_format=torch.contiguous_format)
+    w_f.copy_(norm_weight.to(w.device, torch.float64)[:, None] * w.double())
+    return w_f
+
+
+def interleave_gate_up(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | tuple:
+    """[gate | up] -> gate and up interleaved, for ``gemv(..., swiglu=True)``: w [K, 2F] (the gate's F columns,
+    then the up's) becomes w_i [K, 2F] with w_i[:, 2f] = gate's column f and w_i[:, 2f + 1] = up's column f, in
+    w's memory layout (a K-major w stays K-major: its copy is made along the contiguous dim). Any BLOCK_N (even)
+    then holds the gate and the up of BLOCK_N / 2 whole features, whatever config a batch size gets. With
+    ``bias`` [2F]: (w_i, bias_i), the bias interleaved the same way."""
+    if w.dim() != 2 or w.shape[1] % 2:
+        raise ValueError(f"interleave_gate_up: expected w [K, 2F] ([gate | up]), got {tuple(w.shape)}")
+    k, n = w.shape
+    f = n // 2
+    if w.stride(0) == 1 and k > 1:                     # K-major: interleave the rows of wᵀ, stay K-major
+        w_i = w.t().reshape(2, f, k).transpose(0, 1).reshape(n, k).contiguous().t()
+    else:
+        w_i = w.reshape(k, 2, f).transpose(1, 2).reshape(k, n).contiguous()
+    if bias is None:
+        return w_i
+    if bias.shape != (n,):
+        raise ValueError(f"interleave_gate_up: bias must be [{n}] (w's 2F), got {tuple(bias.shape)}")
+    return w_i, bias.reshape(2, f).t().reshape(n).contiguous()
+
+
+def interleave_rope(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q|k|v's columns interleaved per head for ``gemv(..., rope=...)``: w [K, N] (N a multiple of head_dim, each
+    head's head_dim columns contiguous) becomes w_r with, in every head, column 2i = the head's column i and
+    2i + 1 = its column i + d/2 (the two values one rotation mixes: transformers' rotate_half convention), in w's
+    memory layout (a K-major w stays K-major). The GEMV then holds each rotation's pair in one program whatever
+    its BLOCK_N (even), and stores the result in the original order."""
+    k, n = w.shape if w.dim() == 2 else (0, -1)
+    if w.dim() != 2 or head_dim < 2 or head_dim % 2 or n % head_dim:
+        raise ValueError(f"interleave_rope: expected w [K, N] with N a multiple of an even head_dim, got "
+                         f"{tuple(w.shape)} and head_dim={head_dim}")
+    heads, half = n // head_dim, head_dim // 2
+    if w.stride(0) == 1 and k > 1:                     # K-major: permute the rows of wᵀ, stay K-major
+        return w.t().reshape(heads, 2, half, k).transpose(1, 2).reshape(n, k).contiguous().t()
+    return w.reshape(k, heads, 2, half).transpose(2, 3).reshape(k, n).contiguous()
+
+
+def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotation table ``gemv(..., rope=...)`` reads: cos | sin [S, d / 2] each (rope.rope_cache) side by side,
+    fp32 [S, d] contiguous."""
+    return torch.cat([cos.float(), sin.float()], -1).contiguous()
+
+
+def _check_rope(x2: torch.Tensor, n: int, table: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                start: torch.Tensor) -> int:
+    """The checks of a ``rope`` call; returns the caches' KV head count."""
+    check_caches(x2, kc, vc, start, "x")
+    b, hkv, s_max, d = kc.shape
+    check_tensor(table, "rope", ndim=2, dtypes=(torch.float32,), contiguous=True)
+    check_same(x2, table, "x, rope", dtype=False)
+    if table.shape[1] != d or table.shape[0] < s_max:
+        raise ValueError(f"rope: expected the table cos | sin [>= S_max={s_max}, d={d}] (rope_table), got "
+                         f"{tuple(table.shape)}")
+    if n % d or n // d <= 2 * hkv or b != x2.shape[0] or start.shape[0] != b:
+        raise ValueError(f"rope, kv_cache: expected q|k|v [B, (H + 2·{hkv})·{d}] (H >= 1) with the cache's B={b} and "
+                         f"start [B]; got {x2.shape[0]} rows of {n} columns and start {tuple(start.shape)}")
+    return hkv
+
+
 def _check_kv(x2: torch.Tensor, n: int, kc: torch.Tensor, vc: torch.Tensor, start: torch.Tensor) -> None:
     check_caches(x2, kc, vc, start, "x")
     b, h, _, d = kc.shape
@@ -577,7 +771,8 @@ def _check_kv(x2: torch.Tensor, n: int, kc: torch.Tensor, vc: torch.Tensor, star
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
          residual: torch.Tensor | None = None, ln_colsum: torch.Tensor | None = None, eps: float = 1e-5,
          kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, out: torch.Tensor | None = None, config: tuple[int, int, int, int, int] | None = None,
-         pdl: bool = False) -> torch.Tensor:
+         pdl: bool = False, rms_fold: bool = False, swiglu: bool = False,
+         rope: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x @ w + bias) + residual`` for a few rows of x: the decode step's GEMMs, in one Triton kernel.
 
     x: [..., K] with at most MAX_ROWS (16) rows in all (leading dims flattened; a 2-D x may have any
@@ -605,15 +800,31 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     sync, no allocation that depends on values: capturable in a CUDA graph (after one eager call on
     the device). ``pdl=True``: launched with programmatic dependent launch where the GPU supports it
     (sm_90+; ignored elsewhere and under the interpreter), see PDL_NOTES.
+
+    Two epilogues for Llama-family models (stage 9's tuned path; both off by default, GPT-2's calls unchanged):
+    ``rms_fold=True``: x's rows are RMS-normalised (``x · rsqrt(mean(x²) + eps)``, fp32) before the product,
+    the RMSNorm's weight folded into w by :func:`fold_rmsnorm` (not with ``ln_colsum``). ``swiglu=True``: w's
+    2F columns are a gate and an up projection interleaved by :func:`interleave_gate_up` (column 2f the gate of
+    feature f, 2f + 1 its up; bias, if any, interleaved the same way); the output is [..., F] =
+    silu(gate)·up, rounded as transformers' LlamaMLP rounds it (each projection, the silu, the product: to x's
+    dtype); no activation, residual or kv_cache with it. ``rope`` (with ``kv_cache``): the rotation table
+    [S, d] fp32 (cos | sin of rope.rope_cache side by side, S >= the cache's S_max, d its head dim): the output
+    is q|k|v of a grouped-query attention ((H + 2·Hkv)·d columns, Hkv the cache's heads), w's columns
+    interleaved per head by :func:`interleave_rope`; each row's q and k heads are rotated at position start[b]
+    (rope.apply_rope's arithmetic: the projection rounded to x's dtype, rotated in fp32, rounded once), the
+    output stored in q|k|v order, k and v appended to the caches at start[b] (write_kv's work); no bias,
+    activation, residual or swiglu with it.
     """
     try:   # the call's key: everything its checks and decisions read (lecture 3, "Host overhead")
         key = (meta(x), meta(w), meta(bias), meta(residual), meta(ln_colsum), meta(out),
-               None if kv_cache is None else tuple(map(meta, kv_cache)), activation, config, bool(pdl))
+               None if kv_cache is None else tuple(map(meta, kv_cache)), activation, config, bool(pdl),
+               *((bool(rms_fold), bool(swiglu), meta(rope)) if rms_fold or swiglu or rope is not None else ()))
         call = _CALLS.get(key)
     except (AttributeError, TypeError):   # not tensors, or a config given as a list: checked afresh
         key = call = None
     if call is None:
-        call = _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl)
+        call = _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl, rms_fold, swiglu,
+                             rope)
         if key is not None:
             _CALLS[key] = call
     m, n, k, out_shape, grid, per, launch, kept = call
@@ -622,7 +833,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
     if m == 0 or n == 0:
         return out
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    y2 = out if out.dim() == 2 else out.view(m, n)
+    y2 = out if out.dim() == 2 else out.view(m, out_shape[-1])
     if residual is not None:
         r2 = residual if residual.dim() == 2 else residual.reshape(m, n)
         if r2.stride(1) != 1 and n > 1:
@@ -644,7 +855,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
                                                    # graph is captured is the graph's)
     if part is None:                   # no split-K: placeholders, unused
         part = count = y2
-    launch(x2, w, bias if bias is not None else y2, y2, part, count, r2, ln_colsum if ln_colsum is not None else y2,
+    launch(x2, w, bias if bias is not None else y2, y2, part, count, r2,
+           rope if rope is not None else ln_colsum if ln_colsum is not None else y2,
            *ints, float(eps), *kv, *kv_ints)
     return out
 
@@ -659,7 +871,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, act
 _CALLS: dict[tuple, tuple] = {}
 
 
-def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl) -> tuple:
+def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, config, pdl, rms_fold=False,
+                  swiglu=False, rope=None) -> tuple:
     """The checks of a gemv call (a clear error for a bad input) and its decisions:
     (M, N, K, the output's shape, grid, rows of W per split, the prepared launch: common.launch.Prepared,
     [split-K partial sums, ticket counters, the launch's integers, the KV cache's]: Nones until the key's
@@ -689,6 +902,14 @@ def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, co
         raise ValueError(f"x: {m} rows; gemv takes at most {MAX_ROWS} (a decode step's batch). "
                          "More rows are a GEMM: use the a06 matmul")
     out_shape = (*x.shape[:-1], n)
+    if rms_fold and ln_colsum is not None:
+        raise ValueError("rms_fold=True and ln_colsum: one norm folds into a GEMV (RMSNorm or LayerNorm), not both")
+    if swiglu:
+        if n % 2:
+            raise ValueError(f"swiglu=True: w must have an even number of columns (gate and up interleaved), got {n}")
+        if activation is not None or residual is not None or kv_cache is not None:
+            raise ValueError("swiglu=True: the output is silu(gate)·up; no activation, residual or kv_cache with it")
+        out_shape = (*x.shape[:-1], n // 2)
     if residual is not None:
         check_tensor(residual, "residual")
         check_same(x, residual, "x, residual")
@@ -702,19 +923,30 @@ def _checked_call(x, w, bias, activation, residual, ln_colsum, kv_cache, out, co
     if kv_cache is not None:
         if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 3:
             raise TypeError("kv_cache: expected (k_cache, v_cache, start)")
-        _check_kv(x2, n, *kv_cache)
+        if rope is None:
+            _check_kv(x2, n, *kv_cache)
+    kv_heads = 0
+    if rope is not None:
+        if kv_cache is None:
+            raise ValueError("rope: needs kv_cache=(k_cache, v_cache, start) (the positions and the caches)")
+        if bias is not None or activation is not None or residual is not None or swiglu or ln_colsum is not None:
+            raise ValueError("rope: the output is the rotated q|k|v; no bias, activation, residual, swiglu or "
+                             "ln_colsum with it")
+        kv_heads = _check_rope(x2, n, rope, *kv_cache)
     if m == 0 or n == 0:
         return m, n, k, out_shape, None, None, None, [None] * 4
     k_contig = w.stride(0) == 1 and k > 1
     key = (m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, bool(pdl),
-           residual is not None, ln_colsum is not None, kv_cache is not None)
+           residual is not None, ln_colsum is not None, kv_cache is not None,
+           *((bool(rms_fold), bool(swiglu), kv_heads) if rms_fold or swiglu or kv_heads else ()))
     try:
         plan = _PLANS.get(key)
     except TypeError:                  # a config given as a list: no key, decided afresh
         key, plan = None, None
     if plan is None:
         plan = _plan(m, n, k, x.dtype, k_contig, x.device, activation, bias is not None, config, pdl,
-                     residual is not None, ln_colsum is not None, kv_cache is not None)
+                     residual is not None, ln_colsum is not None, kv_cache is not None, bool(rms_fold), bool(swiglu),
+                     kv_heads)
         if key is not None:
             _PLANS[key] = plan
     grid, per, kwargs = plan
