@@ -10,6 +10,7 @@ import os
 import torch
 
 from common import DEVICE
+from common.kernel_check import ATEN_KERNELS, NORM_KERNELS, TORCH_ARITH, TORCH_NORM, Forbidden
 from common.testing import REL_TOL
 from common.course.stages.base import Load, Perf, Run, Stage, Trial, _call, _gen
 
@@ -18,6 +19,13 @@ from ..a08_gpt2_inference.stage import ENGINE, _decode_work_judge, _hf_static_st
 # ----------------------------------------------------------------------------- what the graded calls may not call
 #: ENGINE (stage 8's table, imported above): a decode step (and prefill) runs the course's kernels for the work,
 #: no PyTorch matmul, attention, norm, softmax or GELU (the embedding gather, lengths + 1 and copies are allowed).
+#: The three kernels of a09 (rmsnorm.py, rope.py, swiglu.py): the work belongs to the kernel. Slice assignment
+#: (``qkv[..., :d] = rotated``: a view, then aten.copy_) counts as PyTorch doing RoPE's writes.
+RMSNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM + ("aten.rms_norm", "aten._fused_rms_norm*"),
+                           ATEN_KERNELS + NORM_KERNELS + ("rms_norm",))
+ROPE_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM + ("aten.cos", "aten.sin", "aten.neg", "aten.cat", "aten.copy",
+                                                    "aten.index_put", "aten.slice_scatter"), ATEN_KERNELS)
+SWIGLU_KERNEL = Forbidden(TORCH_ARITH + ("aten.silu", "aten.glu", "aten.sigmoid"), ATEN_KERNELS + ("silu", "glu"))
 
 #: On a CPU: two layers of width 64, a GQA group of 2 or 4, heads of 32 (the grader's engine trials).
 A09_TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

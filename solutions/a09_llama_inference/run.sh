@@ -1,0 +1,27 @@
+#!/bin/bash
+# Stage 9 on a GPU (H100): one device call per mode, logs under $OUT.
+#   bash solutions/a09_llama_inference/run.sh tests     # stage-9 tests (the GPU-marked sizes included)
+#   bash solutions/a09_llama_inference/run.sh stubs     # stage-9 graded tests on the untouched stubs (none may pass)
+#   bash solutions/a09_llama_inference/run.sh grade     # the grader on stage 9 (its trials and the timed decode step)
+#   bash solutions/a09_llama_inference/run.sh bench     # one decode step of Llama 3.2 1B's shape, batch 1/8, context 128/1024
+#   BATCHES="1" CONTEXTS="128" bash solutions/a09_llama_inference/run.sh bench    # a subset
+set -u
+OUT=${OUT:-/tmp/a09_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/ext
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+for mode in "$@"; do
+  echo "== $mode $(date +%T)"
+  case "$mode" in
+    tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest tests/test_a09_llama_inference.py --impl solutions -q -rs \
+             --durations=10 2>&1 | tee "$OUT/pytest_a09.log" | tail -22 ;;
+    stubs) timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests/test_a09_llama_inference.py --impl assignments -q \
+             --tb=no -m graded 2>&1 | tail -4 ;;
+    grade) timeout ${TEST_TIMEOUT:-500} python3 -m common.course.grade --impl solutions --stages a09 2>&1 \
+             | tee "$OUT/grade_a09.log" | tail -30 ;;
+    bench) timeout ${BENCH_TIMEOUT:-560} python3 -m solutions.a09_llama_inference.bench --batches ${BATCHES:-1 8} \
+             --contexts ${CONTEXTS:-128 1024} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[transformers\]" | tail -20 ;;
+  esac
+done
+echo "== done $(date +%T)"
