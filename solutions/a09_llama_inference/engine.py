@@ -41,13 +41,13 @@ The decode step calls the engine's building blocks (:meth:`LlamaEngine.linear`, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from einops import rearrange
 
 from common import DEVICE
 from common.checks import FLOAT_DTYPES
+from common.impl import REPO
 from common.impl import load as load_given
 
 from ..a06_matmul.matmul_triton import matmul
@@ -63,7 +63,7 @@ from .swiglu import swiglu
 
 #: The tuned path (given code beside the reference, never copied): loaded when this file exists.
 TUNED = "a09_llama_inference.tuned"
-TUNED_FILE = Path(__file__).resolve().parents[2] / "solutions" / "a09_llama_inference" / "tuned.py"
+TUNED_FILE = REPO / "solutions" / "a09_llama_inference" / "tuned.py"
 #: transformers' model_type of each architecture the engine runs
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 #: A default KV cache this long at most (Llama 3's 131072 positions would take gigabytes a sequence)
@@ -127,7 +127,7 @@ class LlamaEngine(GPT2Engine):
         if options and not tuned:
             raise TypeError(f"{', '.join(sorted(options))}: options of the tuned path; pass tuned=True")
         if tuned and not TUNED_FILE.exists():
-            raise ValueError(f"tuned=True: the tuned path ({TUNED_FILE.relative_to(TUNED_FILE.parents[2])}) is not "
+            raise ValueError(f"tuned=True: the tuned path ({TUNED_FILE.relative_to(REPO)}) is not "
                              "in this course tree; use tuned=False (the core path)")
         self.tuned = load_given(TUNED, "solutions").TunedLlamaPath(self, **options) if tuned else None
         self.pdl = self.tuned.pdl if self.tuned is not None else False
