@@ -101,9 +101,11 @@ def a09_dependencies(load: Load) -> str | None:
     stages = ",".join(missing)
     how = (f"`make check STAGE=a09 BORROW={stages}` (and `make grade STAGE=a09 BORROW={stages}`)"
            if os.environ.get("COURSE_VIA_MAKE") == "1" else f"`--borrow {stages}` (pytest, and python -m common.course.grade)")
-    return (f"stage 9 runs on your {' and '.join(missing)} work ({'the a06 matmul, ' if 'a06' in missing else ''}"
-            f"{'the a07 flash attention, ' if 'a07' in missing else ''}{'the a08 gemv and write_kv, ' if 'a08' in missing else ''}"
-            f"not implemented yet): finish it, or try stage 9 on the reference ones with {how}")
+    what = {"a06": "a06 matmul", "a07": "a07 flash attention", "a08": "a08 gemv and write_kv"}
+    names = [what[k] for k in missing]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return (f"stage 9 runs on your {listed}, not implemented yet: finish {'it' if len(names) == 1 else 'them'}, "
+            f"or try stage 9 on the reference {'one' if len(names) == 1 else 'ones'} with {how}")
 
 
 def _new_engine(r: Run, seed: int, arch: str, kv_heads: int, b: int, extra: dict):
