@@ -61,7 +61,7 @@ check: $(STAMP)
 
 # make bench STAGE=a06 [IMPL=...] [ARGS="--quick"]: the stage's benchmark (common/course/bench.py), on a GPU
 bench: $(STAMP)
-	$(if $(STAGE),,$(error make bench needs a stage: make bench STAGE=a06 (a01 ... a08, a07c)))
+	$(if $(STAGE),,$(error make bench needs a stage: make bench STAGE=a06 (a01 ... a09, a07c)))
 	$(BIN)/python -m common.course.bench '$(STAGE)' --impl $(IMPL) $(ARGS)
 
 $(LAB_STAMP): $(STAMP)
@@ -73,7 +73,7 @@ lab: $(LAB_STAMP)
 	cd lectures && $(abspath $(BIN))/python -m jupyterlab $(LAB_ARGS)
 
 ncu: $(STAMP)
-	$(if $(STAGE),,$(error make ncu needs a stage: make ncu STAGE=a05 (a02 ... a08)))
+	$(if $(STAGE),,$(error make ncu needs a stage: make ncu STAGE=a05 (a02 ... a09)))
 	$(BIN)/python -m common.course.ncu '$(STAGE)' --impl $(IMPL) $(NCU_ARGS)
 
 notebooks: $(STAMP)

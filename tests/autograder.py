@@ -90,9 +90,10 @@ COLD_CACHE = 100
 CPU_SELF_CHECK = "CPU-only run of the whole suite with --mutants"
 
 #: The test files that take longest on a 2-core CPU machine, slowest first (the mutation pools, one unit of
-#: work; the grader's whole-tree runs and the notebooks, a test at a time; stage 8; the nvcc compiles; the
+#: work; the grader's whole-tree runs and the notebooks, a test at a time; stages 8 and 9; the nvcc compiles; the
 #: mutation check's summary gives its CPU time), started first so that the last to finish are short.
 SLOW_FILES = ("test_mutants.py", "test_grader.py", "test_notebooks.py", "test_a08_gpt2_inference.py",
+              "test_a09_llama_inference.py",
               "test_a07c_flash_hopper.py", "test_a06_matmul.py", "test_a07_flash_attention.py", "test_course.py",
               "test_portability.py", "test_ncu.py", "test_colab.py", "test_a04_cuda_gelu.py")
 #: Files whose tests share no state worth keeping in one process (each grades or executes on its own, in

@@ -579,8 +579,8 @@ def test_one_stage_name_everywhere(capsys):
         assert stage_key(name) == "a03", name
     assert stage_key("7c") == stage_key("a07c_flash_hopper") == "a07c"
     assert stage_key("a07_flash_attention") == "a07" and stage_list("3,a05,03") == ["a03", "a05"]
-    assert set(stage_keys()) == {"a01", "a02", "a03", "a04", "a05", "a06", "a07", "a07c", "a08"}
-    for bad in ("nonsense", "9", "a3x", "fused_linear", ""):
+    assert set(stage_keys()) == {"a01", "a02", "a03", "a04", "a05", "a06", "a07", "a07c", "a08", "a09"}
+    for bad in ("nonsense", "10", "a3x", "fused_linear", ""):
         with pytest.raises(StageError, match="Stages: a01, a02, a03, .*a08"):
             stage_list(bad)
     with pytest.raises(StageError, match="a07c is not one this command takes"):

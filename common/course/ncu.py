@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.course.ncu", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    ap.add_argument("stage", help="a02 ... a08, or 2 ... 8 (the stage's grader performance case)")
+    ap.add_argument("stage", help="a02 ... a09, or 2 ... 9 (the stage's grader performance case)")
     add_impl_argument(ap)
     ap.add_argument("--no-baseline", action="store_true", help="profile the submission only")
     ap.add_argument("--set", dest="section_set", default="basic",

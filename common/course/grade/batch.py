@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from common.impl import stage_keys
+
 from .run import REPO
 
 #: The sandbox, run by ``unshare --user --map-root-user --net --mount --fork sh -c SCRIPT sh ARGS``:
@@ -141,7 +143,7 @@ def grade_many(folder: Path, out: Path, jobs: int, timeout: float, stages, run_t
         print(f"grading WITHOUT a sandbox ({why_not}): each submission still runs from its own copy with its "
               "own caches and limits, but can read and write what this user can. Use a container for "
               "untrusted code (INSTRUCTORS.md).", flush=True)
-    n_stages = len(stages) if stages else 8
+    n_stages = len(stages) if stages else len(stage_keys())
     limit = timeout * 2 * n_stages + 300          # tests, then trials and timing, per stage
     root = Path(tempfile.mkdtemp(prefix="course-batch-"))
     free = list(slots)
