@@ -705,6 +705,19 @@ def _allowed(hf_err: float, dtype) -> float:
     return max(4.0 * hf_err, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype])
 
 
+@pytest.mark.parametrize("tuned", [False, True], ids=["core", "tuned"])
+def test_decode_step_takes_a_strided_token_column(eng, tiny_model, tuned, seed):
+    """decode_step(tokens) with tokens a column of an id matrix (stride != 1) gives the same logits, bit for
+    bit, as with the same ids contiguous: the tuned path's one-kernel embedding reads tokens with their stride."""
+    ids = torch.randint(0, tiny_model.config.vocab_size, (2, 7), device=DEVICE)
+    out = []
+    for tokens in (ids[:, 6].contiguous(), ids[:, 6]):
+        engine = eng.GPT2Engine.from_hf(tiny_model, max_batch=2, max_seq_len=16, tuned=tuned)
+        engine.prefill(ids[:, :6])
+        out.append(engine.decode_step(tokens))
+    assert torch.equal(out[0], out[1]), f"decode_step on a strided token column (stride {ids[:, 6].stride(0)}) differs"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dt)
 def test_prefill_logits(eng, tiny_model, dtype, seed):
     """Prefill of a right-padded batch (lengths 9, 1, 14): the logits at every real position match

@@ -1404,6 +1404,21 @@ def test_tuned_path_decode_matches_the_model(tuned_engine, arch, dtype, seed):
                                     f"by {errs['tuned']:.2e} (core path: {errs['core']:.2e}; allowed {bound:.1e})")
 
 
+@pytest.mark.parametrize("tuned", [False, True], ids=["core", "tuned"])
+def test_decode_step_takes_a_strided_token_column(tuned_engine, tuned, seed):
+    """decode_step(tokens) with tokens a column of an id matrix (stride != 1) gives the same logits, bit for
+    bit, as with the same ids contiguous: the one-kernel embedding reads tokens with their stride."""
+    hf = _tuned_model("llama")
+    ids = torch.randint(0, hf.config.vocab_size, (2, 7), device=DEVICE)
+    out = []
+    for tokens in (ids[:, 6].contiguous(), ids[:, 6]):
+        engine = tuned_engine.LlamaEngine.from_hf(hf, dtype=torch.bfloat16, max_batch=2, max_seq_len=16, tuned=tuned)
+        engine.prefill(ids[:, :6])
+        out.append(engine.decode_step(tokens))
+    assert torch.equal(out[0], out[1]), (f"decode_step on a strided token column (stride {ids[:, 6].stride(0)}) "
+                                         f"differs from the contiguous one by {rel_error(out[1], out[0]):.2e}")
+
+
 def _tuned_count_kernels(engine) -> dict:
     """Wrap the tuned path's core kernels with counters: {name: calls}."""
     counts = {}

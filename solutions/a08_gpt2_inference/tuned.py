@@ -49,7 +49,8 @@ def resolve_pdl(pdl: bool | None, device: torch.device) -> bool:
 
 
 @triton.jit
-def _embed_kernel(TOKENS, LENGTHS, WTE, WPE, H, NEW_LENGTHS, C, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+def _embed_kernel(TOKENS, LENGTHS, WTE, WPE, H, NEW_LENGTHS, C, stride_tok, BLOCK_C: tl.constexpr,
+                  USE_PDL: tl.constexpr):
     """Program b: H[b] = WTE[TOKENS[b]] + WPE[LENGTHS[b]] (fp32, rounded once: what the residual stream
     holds), and NEW_LENGTHS[b] = LENGTHS[b] + 1. The decode step's first kernel, in place of PyTorch's two
     gathers, its add and its ``lengths + 1`` (four kernels outside the PDL chain). The ids were checked on
@@ -58,7 +59,7 @@ def _embed_kernel(TOKENS, LENGTHS, WTE, WPE, H, NEW_LENGTHS, C, BLOCK_C: tl.cons
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
-    tok = tl.load(TOKENS + b).to(tl.int64)
+    tok = tl.load(TOKENS + b * stride_tok).to(tl.int64)      # tokens may be a strided view (a column of ids)
     pos = tl.load(LENGTHS + b)
     cols = tl.arange(0, BLOCK_C)
     ok = cols < C
@@ -159,7 +160,7 @@ class TunedPath:
         hid = torch.empty((b, e.n_embd), dtype=e.dtype, device=e.device)
         new_lengths = torch.empty_like(lengths)
         if b:
-            fast(_embed_kernel)[(b,)](tokens, lengths, e.wte, e.wpe, hid, new_lengths, e.n_embd,
+            fast(_embed_kernel)[(b,)](tokens, lengths, e.wte, e.wpe, hid, new_lengths, e.n_embd, tokens.stride(0),
                                       BLOCK_C=next_power_of_2(e.n_embd), USE_PDL=self.pdl,
                                       num_warps=4, **(dict(launch_pdl=True) if self.pdl else {}))
         return hid, new_lengths

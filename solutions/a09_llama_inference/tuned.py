@@ -65,7 +65,7 @@ FOLD_NORM = ("auto", True, False)
 
 
 @triton.jit
-def _embed_kernel(TOKENS, LENGTHS, EMB, H, NEW_LENGTHS, C, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+def _embed_kernel(TOKENS, LENGTHS, EMB, H, NEW_LENGTHS, C, stride_tok, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
     """Program b: H[b] = EMB[TOKENS[b]] (the residual stream; Llama has no position embedding: the rotation
     carries the position) and NEW_LENGTHS[b] = LENGTHS[b] + 1. The decode step's first kernel, in place of
     PyTorch's gather and its ``lengths + 1``. The ids were checked on the host before the step ran."""
@@ -73,7 +73,7 @@ def _embed_kernel(TOKENS, LENGTHS, EMB, H, NEW_LENGTHS, C, BLOCK_C: tl.constexpr
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
-    tok = tl.load(TOKENS + b).to(tl.int64)
+    tok = tl.load(TOKENS + b * stride_tok).to(tl.int64)      # tokens may be a strided view (a column of ids)
     pos = tl.load(LENGTHS + b)
     cols = tl.arange(0, BLOCK_C)
     ok = cols < C
@@ -234,7 +234,7 @@ class TunedLlamaPath(TunedPath):
         hid = torch.empty((b, e.n_embd), dtype=e.dtype, device=e.device)
         new_lengths = torch.empty_like(lengths)
         if b:
-            fast(_embed_kernel)[(b,)](tokens, lengths, e.embed_w, hid, new_lengths, e.n_embd,
+            fast(_embed_kernel)[(b,)](tokens, lengths, e.embed_w, hid, new_lengths, e.n_embd, tokens.stride(0),
                                       BLOCK_C=next_power_of_2(e.n_embd), USE_PDL=self.pdl,
                                       num_warps=4, **(dict(launch_pdl=True) if self.pdl else {}))
         return hid, new_lengths
