@@ -1,4 +1,4 @@
-"""The eight lecture notebooks execute top to bottom, and are committed without outputs.
+"""The nine lecture notebooks execute top to bottom, and are committed without outputs.
 
     make notebooks                                   # this file, verbose
     python -m pytest tests/test_notebooks.py -k strip
@@ -28,6 +28,7 @@ NOTEBOOKS = [
     "06_tiled_matmul.ipynb",
     "07_flash_attention.ipynb",
     "08_gpt2_inference.ipynb",
+    "09_llama_inference.ipynb",
 ]
 KERNEL = "gpu-kernels-course"
 sys.path.insert(0, str(LECTURES / "_tools"))
@@ -38,7 +39,7 @@ def _load(name: str) -> dict:
     return json.loads((LECTURES / name).read_text())
 
 
-def test_the_eight_notebooks_are_there():
+def test_the_nine_notebooks_are_there():
     assert sorted(p.name for p in LECTURES.glob("*.ipynb")) == sorted(NOTEBOOKS)
 
 
