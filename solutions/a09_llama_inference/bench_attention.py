@@ -87,6 +87,13 @@ def table(impl=None) -> str:
     return "\n".join(rows)
 
 
+LEGEND = """\
+`gqa`: the course's kernel, one program per (sequence, KV head, key split), each cache byte read once for the group.
+`a08 per head`: stage 8's decode attention on the cache repeated to H heads (what a kernel per query head reads).
+`sdpa gqa` / `sdpa repeat`: PyTorch's scaled_dot_product_attention with `enable_gqa=True`, and on a repeated cache.
+At batch 1 a layer's cache is a few MB: a launch and the split combine weigh as much as the bytes."""
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_impl_argument(p, MODULE)
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.write:
         path = results_dir(args.impl) / "a09_gqa_attention.md"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# Grouped-query decode attention\n\n`{command_line(MODULE, argv)}`\n\n{text}\n")
+        path.write_text(f"# Grouped-query decode attention\n\n`{command_line(MODULE, argv)}`\n\n{text}\n\n{LEGEND}\n")
         print(f"wrote {path}")
 
 

@@ -4,6 +4,7 @@
 #   bash solutions/a09_llama_inference/run.sh stubs     # stage-9 graded tests on the untouched stubs (none may pass)
 #   bash solutions/a09_llama_inference/run.sh grade     # the grader on stage 9 (its trials and the timed decode step)
 #   bash solutions/a09_llama_inference/run.sh bench     # the bench: Llama-3.2-1B and Qwen3-0.6B decode, batch 1/16, prompts 128/2048
+#   bash solutions/a09_llama_inference/run.sh gqa       # the GQA decode attention's bandwidth (bench_attention.py)
 #   MODELS=llama-3.2-1b BATCHES="1" PROMPTS="128" bash solutions/a09_llama_inference/run.sh bench    # a subset
 set -u
 OUT=${OUT:-/tmp/a09_out}; mkdir -p "$OUT"
@@ -23,6 +24,8 @@ for mode in "$@"; do
     bench) timeout ${BENCH_TIMEOUT:-570} python3 -m solutions.a09_llama_inference.bench ${MODELS:+--models $MODELS} \
              --batches ${BATCHES:-1 16} --prompts ${PROMPTS:-128 2048} ${BENCH_ARGS:-} --out "$OUT/a09_decode" 2>&1 \
              | tee "$OUT/bench.log" | grep -v "^\[transformers\]" | tail -30 ;;
+    gqa) timeout ${BENCH_TIMEOUT:-300} python3 -m solutions.a09_llama_inference.bench_attention --write 2>&1 | tail -14
+         cp lectures/results/a09_gqa_attention.md "$OUT/" ;;
   esac
 done
 echo "== done $(date +%T)"

@@ -315,3 +315,11 @@ STAGE = Stage("a09_llama_inference", "Llama / Qwen 3 inference: RMSNorm, RoPE, S
               _a09_perf, perf_target=1.0, perf_tol=A09_PERF_TOL)
 #: ``python -m common.course.bench KEY`` runs this module of solutions/
 BENCHES = {"a09": "a09_llama_inference.bench"}
+
+
+def results_runs() -> dict:
+    """The GPU runs behind this stage's files in lectures/results/ (``make results STAGE=a09``)."""
+    from lectures._tools.results import Run, _same
+    run = "solutions/a09_llama_inference/run.sh"
+    return {"a09": [Run(run, ("bench",), files=_same("a09_decode.md", "a09_decode.csv", "a09_decode.png")),
+                    Run(run, ("gqa",), files=_same("a09_gqa_attention.md"))]}
