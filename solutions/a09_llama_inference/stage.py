@@ -9,10 +9,14 @@ import os
 
 import torch
 
-from common import DEVICE
-from common.kernel_check import ATEN_KERNELS, NORM_KERNELS, TORCH_ARITH, TORCH_NORM, Forbidden
+from common import DEVICE, HAS_CUDA
+from common import reference as ref
+from common.kernel_check import (ACT_KERNELS, ATEN_KERNELS, ATTENTION_FUNCTIONS, ATTN_KERNELS, BLAS_KERNELS,
+                                 NORM_KERNELS, TORCH_ARITH, TORCH_ATTENTION, TORCH_GEMM, TORCH_NORM, TORCH_SOFTMAX,
+                                 Forbidden)
 from common.testing import REL_TOL
-from common.course.stages.base import Load, Perf, Run, Stage, Trial, _call, _gen
+from common.course.stages.base import (Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _randn,
+                                       _with_repeat)
 
 from ..a08_gpt2_inference.stage import ENGINE, _decode_work_judge, _hf_static_step, _prompts, a08_dependencies
 
@@ -26,6 +30,11 @@ RMSNORM_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM + ("aten.rms_norm", "aten._f
 ROPE_KERNEL = Forbidden(TORCH_ARITH + TORCH_NORM + ("aten.cos", "aten.sin", "aten.neg", "aten.cat", "aten.copy",
                                                     "aten.index_put", "aten.slice_scatter"), ATEN_KERNELS)
 SWIGLU_KERNEL = Forbidden(TORCH_ARITH + ("aten.silu", "aten.glu", "aten.sigmoid"), ATEN_KERNELS + ("silu", "glu"))
+
+#: a09's grouped-query attention, decode and prefill: as a08's decode attention (the prefill's one copy, q
+#: rearranged where its layout needs it, is allowed: no copy op is in the list).
+GQA_ATTENTION = Forbidden(TORCH_ARITH + TORCH_GEMM + TORCH_ATTENTION + TORCH_SOFTMAX,
+                          ATEN_KERNELS + BLAS_KERNELS + ATTN_KERNELS + ACT_KERNELS, ATTENTION_FUNCTIONS)
 
 #: On a CPU: two layers of width 64, a GQA group of 2 or 4, heads of 32 (the grader's engine trials).
 A09_TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -242,9 +251,218 @@ def _engine_trials(g, rng) -> list[Trial]:
     return trials
 
 
-def _a09_trials(rng):
+# ----------------------------------------------------------------------------- the kernels' trials
+# The judge never imports the submission: the RoPE table (cos, sin) is computed here with transformers'
+# formula (rope.rope_cache's) and handed to the call as an input, like every other tensor.
+def _nan(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _f64(t):
+    return t.detach().to("cpu", torch.float64)
+
+
+def _rms64(x64, w, eps, dtype):
+    """float64 RMSNorm over the last dim, rounded where transformers' LlamaRMSNorm rounds (the normalised row to
+    ``dtype`` before the weight multiplies)."""
+    n = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return n.to(dtype).to(torch.float64) * _f64(w)
+
+
+@_call
+def a09_add_rmsnorm(r: Run, x, res, w, eps: float, yo, ho):
+    return r.load("a09_llama_inference.rmsnorm").add_rmsnorm(x, res, w, eps, out=yo, h_out=ho)
+
+
+@_call
+def a09_rmsnorm_view(r: Run, big, w, eps: float, n: int):
+    return r.load("a09_llama_inference.rmsnorm").rmsnorm(big[::2, 1:n + 1], w, eps)
+
+
+@_call
+def a09_apply_rope(r: Run, buf, cos, sin, start, n_head: int, n_kv_head: int, width: int, q_norm, k_norm,
+                   eps: float):
+    r.load("a09_llama_inference.rope").apply_rope(buf[..., :width], cos, sin, start, n_head, n_kv_head,
+                                                  q_norm=q_norm, k_norm=k_norm, eps=eps)
+    return buf[..., :width]
+
+
+@_call
+def a09_swiglu(r: Run, big, f: int, out):
+    return r.load("a09_llama_inference.swiglu").swiglu(big[:, 3:3 + 2 * f], out=out)
+
+
+def _rope_table(d: int, theta: float, max_pos: int):
+    """(cos, sin) fp32 [max_pos, d/2] as transformers computes them (rope.rope_cache's formula), on the kernel device."""
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
+    freqs = torch.arange(max_pos).float()[:, None] * inv
+    return freqs.cos().to(DEVICE), freqs.sin().to(DEVICE)
+
+
+def _rope64(buf, width, cos, sin, start, n_head, n_kv, qn, kn, eps):
+    """float64 apply_rope on a copy of ``buf`` [B, T, width + pad] (qkv is its first ``width`` columns): q and k
+    heads (optionally RMSNormed, rounded as Qwen3RMSNorm rounds) rotated at start[b] + t with the fp32 table; v
+    and the padding as they were."""
+    dtype = buf.dtype
+    x = _f64(buf).clone()
+    b, t, _ = x.shape
+    d = 2 * cos.shape[1]
+    nh = n_head + n_kv
+    heads = x[..., :nh * d].reshape(b, t, nh, d)
+    for lo, hi, w in ((0, n_head, qn), (n_head, nh, kn)):
+        if w is not None:
+            h = heads[:, :, lo:hi]
+            heads[:, :, lo:hi] = _rms64(h, w, eps, dtype).to(dtype).to(torch.float64)
+    pos = _f64(start).long()[:, None] + torch.arange(t)
+    c, s = _f64(cos)[pos][:, :, None], _f64(sin)[pos][:, :, None]
+    x1, x2 = heads[..., :d // 2], heads[..., d // 2:]
+    x[..., :nh * d] = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).reshape(b, t, -1)
+    return x
+
+
+def _kernel_trials(g, rng) -> list[Trial]:
+    """RMSNorm (with the residual, and of a strided view with an fp32 weight), RoPE (GQA groups, ragged starts, odd
+    head dims, Qwen 3's q/k norm or none, qkv a strided view of a wider buffer) and SwiGLU (F odd, rows of a
+    wider buffer): each draw in the dtype of its turn (fp32, bf16, fp16), the first draw's shapes again at the end."""
+    big_n = 8000 if HAS_CUDA else 1600
+
+    def build(r, g, i):
+        dtype = _dtype_of_draw(i)
+        trials = []
+        n = 2 * r.randint(1, big_n // 2) + 1                       # odd: never fills a power-of-2 block
+        lead = tuple(r.randint(1, 5) for _ in range(r.randint(1, 2)))
+        x = _randn(g, *lead, n, dtype=dtype, scale=3.0)
+        res = (_randn(g, *lead, n) + 2.0).to(dtype)
+        w = (_randn(g, n) * 0.5 + 1.0).to(dtype)
+        eps = r.choice([1e-6, 1e-5])
+        h64 = _f64(x) + _f64(res)
+        trials.append(Trial(f"add_rmsnorm {(*lead, n)} eps={eps} {dtype}", "a09_add_rmsnorm",
+                            dict(x=x, res=res, w=w, eps=eps, yo=_nan(x.shape, dtype), ho=_nan(x.shape, dtype)),
+                            (h64, _rms64(h64.to(dtype).to(torch.float64), w, eps, dtype)), REL_TOL[dtype],
+                            forbid=RMSNORM_KERNEL, inplace=("yo", "ho"), dtypes=(dtype, dtype)))
+        rows, n2 = r.randint(1, 9), 2 * r.randint(1, 300) + 1
+        big = _randn(g, 2 * rows, 2 * n2, dtype=dtype, scale=r.choice([1e-2, 1.0]))
+        w32 = _randn(g, n2) * 0.5 + 1.0
+        trials.append(Trial(f"rmsnorm of a strided [{rows}, {n2}] view, fp32 weight, {dtype}", "a09_rmsnorm_view",
+                            dict(big=big, w=w32, eps=eps, n=n2), _rms64(_f64(big[::2, 1:n2 + 1]), w32, eps, dtype),
+                            REL_TOL[dtype], forbid=RMSNORM_KERNEL, dtypes=(dtype,)))
+        b, t = r.randint(1, 3), r.choice([1, 1, r.randint(2, 6)])
+        n_kv, group = r.randint(1, 3), r.choice([1, 2, 4])
+        n_head, d = n_kv * group, r.choice([32, 64, 80, 128])
+        max_pos = 64
+        starts = [r.randint(0, max_pos - t) for _ in range(b)]
+        starts[r.randrange(b)] = r.randint(1, max_pos - t)        # a position past 0 (at 0 the rotation is none)
+        start = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+        cos, sin = _rope_table(d, r.choice([10000.0, 500000.0]), max_pos)
+        width, pad = (n_head + 2 * n_kv) * d, r.randint(1, 40)
+        buf = _randn(g, b, t, width + pad, dtype=dtype, scale=2.0)
+        norm = r.random() < 0.5
+        qn = (_randn(g, d) * 0.5 + 1.0).to(dtype) if norm else None
+        kn = (_randn(g, d) * 0.5 + 1.0).to(dtype) if norm else None
+        want = _rope64(buf, width, cos, sin, start, n_head, n_kv, qn, kn, 1e-6)[..., :width]   # q, k rotated; v kept
+        trials.append(Trial(f"apply_rope B={b} T={t} H={n_head} KV={n_kv} d={d} start={starts} "
+                            f"q/k norm={norm} {dtype}", "a09_apply_rope",
+                            dict(buf=buf, cos=cos, sin=sin, start=start, n_head=n_head, n_kv_head=n_kv, width=width,
+                                 q_norm=qn, k_norm=kn, eps=1e-6),
+                            want, REL_TOL[dtype] if not norm else 2 * REL_TOL[dtype], forbid=ROPE_KERNEL,
+                            inplace=("buf",), dtypes=(dtype,)))
+        f, rows = 2 * r.randint(1, big_n // 2) + 1, r.randint(1, 6)
+        gbig = _randn(g, rows, 2 * f + 7, dtype=dtype, scale=3.0)
+        gu = _f64(gbig[:, 3:3 + 2 * f])
+        gate, up = gu[:, :f], gu[:, f:]
+        want = (gate * torch.sigmoid(gate)).to(dtype).to(torch.float64) * up
+        trials.append(Trial(f"swiglu [{rows}, 2·{f}] rows of a wider buffer {dtype}", "a09_swiglu",
+                            dict(big=gbig, f=f, out=_nan((rows, f), dtype)), want, REL_TOL[dtype],
+                            forbid=SWIGLU_KERNEL, inplace=("out",), dtypes=(dtype,)))
+        return trials
+
+    return _with_repeat(rng, g, build, 3)
+
+
+# ----------------------------------------------------------------------------- grouped-query attention's trials
+def _repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """transformers' repeat_kv: query head h reads KV head h // G."""
+    return x.repeat_interleave(group, dim=1)
+
+
+# ----------------------------------------------------------------------------- trials
+@_call
+def a09_gqa_decode_attention(r: Run, qkv, k, v, lens, h: int, d: int, splits, out):
+    dec = r.load("a09_llama_inference.decode_attention")
+    return dec.gqa_decode_attention(qkv[:, :h * d].view(qkv.shape[0], h, d), k, v, lens, splits=splits, out=out)
+
+
+def _gqa_decode_trial(g, rng, splits_forced: bool, dtype: torch.dtype, odd_head: bool = False,
+                      long: bool = False) -> Trial:
+    """``long``: a longest sequence past every power of two the kernel uses for a block or a split (512 keys on
+    a CPU, 4096 on a GPU), so a length capped at one of them shows."""
+    b, hkv = rng.randint(2, 4 if not HAS_CUDA else 8), rng.randint(1, 3 if not HAS_CUDA else 8)
+    group = rng.choice([1, 2, 3, 4, 8])
+    d = rng.choice([24, 40, 80, 96] if odd_head else [16, 32, 64, 128])   # odd: padded to a power of two, masked
+    s_max = rng.randint(2, 120 if not HAS_CUDA else 2000)
+    if long:
+        b, hkv, group, d = 2, 1, 2, 16
+        s_max = rng.randint(513, 700) if not HAS_CUDA else rng.randint(4097, 5000)
+    h = hkv * group
+    lengths = [1, s_max] + [rng.randint(1, s_max) for _ in range(b - 2)]    # the extremes, then any
+    rng.shuffle(lengths)
+    qkv = _randn(g, b, (h + 2 * hkv) * d, dtype=dtype)         # q: a strided view, as the engine passes it
+    k, v = _randn(g, b, hkv, s_max, d, dtype=dtype), _randn(g, b, hkv, s_max, d, dtype=dtype)
+    for i, n in enumerate(lengths):                            # reading past a length poisons the output
+        k[i, :, n:] = float("nan")
+        v[i, :, n:] = float("nan")
+    q = qkv[:, :h * d].view(b, h, d)
+    expected = ref.decode_attention(q, _repeat_kv(k, group), _repeat_kv(v, group), lengths)
+    splits = rng.randint(2, 5) if splits_forced else None
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    return Trial(f"gqa_decode_attention B={b} H={h} Hkv={hkv} d={d} S_max={s_max} lengths={lengths} splits={splits} "
+                 f"{dtype}", "a09_gqa_decode_attention",
+                 dict(qkv=qkv, k=k, v=v, lens=lens, h=h, d=d, splits=splits, out=_nan((b, h, d), dtype)),
+                 expected, REL_TOL[dtype], forbid=GQA_ATTENTION, inplace=("out",), dtypes=(dtype,))
+
+
+@_call
+def a09_gqa_prefill_attention(r: Run, qkv, kc, vc, h: int, hkv: int, d: int, t_k: int):
+    """q: a view of the prompt's fused projection [B, T, (H + 2·Hkv)·d], heads strided; k, v: the cache's first
+    T_k slots. fp32: IEEE dots (allow_tf32=False), as the engine runs it."""
+    dec = r.load("a09_llama_inference.decode_attention")
+    q = qkv[..., :h * d].unflatten(-1, (h, d)).transpose(1, 2)
+    return dec.gqa_prefill_attention(q, kc[:, :, :t_k], vc[:, :, :t_k], allow_tf32=False)
+
+
+def _gqa_prefill_trial(g, rng, dtype: torch.dtype) -> Trial:
+    b, hkv, group = rng.randint(1, 3), rng.randint(1, 3), rng.choice([1, 2, 3, 4])
+    d = rng.choice([16, 32, 64, 80])
+    t = rng.randint(1, 40 if not HAS_CUDA else 300)
+    t_k = t + rng.choice([0, 0, rng.randint(1, 20)])           # mostly the engine's T_k = T; a continued cache
+    s_max = t_k + rng.randint(0, 8)
+    h = hkv * group
+    qkv = _randn(g, b, t, (h + 2 * hkv) * d, dtype=dtype)
+    kc, vc = _randn(g, b, hkv, s_max, d, dtype=dtype), _randn(g, b, hkv, s_max, d, dtype=dtype)
+    kc[:, :, t_k:] = float("nan")
+    vc[:, :, t_k:] = float("nan")
+    q = qkv[..., :h * d].unflatten(-1, (h, d)).transpose(1, 2)
+    expected = ref.attention(q, _repeat_kv(kc[:, :, :t_k], group), _repeat_kv(vc[:, :, :t_k], group),
+                             is_causal=True)[0]
+    return Trial(f"gqa_prefill_attention B={b} H={h} Hkv={hkv} T={t} T_k={t_k} d={d} {dtype}",
+                 "a09_gqa_prefill_attention", dict(qkv=qkv, kc=kc, vc=vc, h=h, hkv=hkv, d=d, t_k=t_k),
+                 expected, REL_TOL[dtype], forbid=GQA_ATTENTION, dtypes=(dtype,))
+
+
+def _gqa_trials(rng) -> list[Trial]:
+    """For stage.py's trials: three decode draws (fp32, bf16, fp16; the second with forced splits, the first
+    again with new values), an odd head dim, a long sequence, and three prefill draws."""
     g = _gen(rng)
-    return _engine_trials(g, rng)
+    return (_with_repeat(rng, g, lambda r, g, i: [_gqa_decode_trial(g, r, i == 1, _dtype_of_draw(i))], 3)
+            + [_gqa_decode_trial(g, rng, False, _dtype_of_draw(0), odd_head=True),
+               _gqa_decode_trial(g, rng, False, _dtype_of_draw(0), long=True)]
+            + [_gqa_prefill_trial(g, rng, _dtype_of_draw(i)) for i in range(3)])
+
+
+def _a09_trials(rng):
+    """Each kernel on its own (a broken one loses its own trials), then the engine."""
+    g = _gen(rng)
+    return _kernel_trials(g, rng) + _gqa_trials(rng) + _engine_trials(g, rng)
 
 
 # ----------------------------------------------------------------------------- the timed case (GPU)
@@ -323,3 +541,9 @@ def results_runs() -> dict:
     run = "solutions/a09_llama_inference/run.sh"
     return {"a09": [Run(run, ("bench",), files=_same("a09_decode.md", "a09_decode.csv", "a09_decode.png")),
                     Run(run, ("gqa",), files=_same("a09_gqa_attention.md"))]}
+
+
+def portability_launches(load, archs, full: bool):
+    """The stage's Triton launches for ``python -m common.course.portability`` (portability.py)."""
+    from .portability import launches
+    yield from launches(load, archs, full)

@@ -270,7 +270,7 @@ def portability_launches(archs) -> list:
         t = _dt(dt)
         for model, c, h, hkv, d, f, qk_norm in GEOMETRIES:
             out.append(Launch("a09", "_embed_kernel", f"{dt} {model} C={c}", _embed_kernel,
-                              (_dt("int64"), i32, t, t, i32, c), dict(BLOCK_C=next_power_of_2(c), USE_PDL=False,
+                              (_dt("int64"), i32, t, t, i32, c, 1), dict(BLOCK_C=next_power_of_2(c), USE_PDL=False,
                                                                       num_warps=4)))
             gemms = [("qkv", c, (h + 2 * hkv) * d, dict(rms=dt != FP32, rope=not qk_norm)),
                      ("gate_up", c, 2 * f, dict(rms=dt != FP32, swiglu=True)),
