@@ -62,6 +62,9 @@ BLAS_KERNELS = ("gemm", "xmma", "cutlass", "cublas", "gemv", "splitK")
 ATTN_KERNELS = ("flash_fwd", "flash_bwd", "fmha", "cudnn", "pytorch_flash", "efficient_attention")
 NORM_KERNELS = ("layer_norm", "LayerNormForward", "RowwiseMoments")
 ACT_KERNELS = ("GeluCUDAKernel", "tanh_kernel", "softmax")
+#: PyTorch's copy (and cast) kernel: an elementwise_kernel that moves data and computes nothing; a Forbidden's
+#: ``allow`` where its contract permits a copy (a layout a view cannot express).
+COPY_KERNELS = ("direct_copy_kernel",)
 #: The baseline stage 3 is timed against: a composite (an aten.addmm underneath).
 BASELINE_FUNCTIONS = ("torch.nn.functional.linear",)
 #: SDPA by name: with inputs that require grad (or on some backends) it runs as its math
@@ -78,6 +81,8 @@ class Forbidden:
     functions: tuple[str, ...] = ()
     #: what to call instead, where the contract names a PyTorch op (the error message says it)
     use: str = ""
+    #: kernel-name substrings exempt from ``kernels`` (e.g. COPY_KERNELS where the contract allows a copy)
+    allow: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.ops or self.kernels or self.functions)
@@ -132,9 +137,9 @@ def forbidden_ops(ops: list[str], functions: list[str], forbid: Forbidden) -> li
 
 
 def forbidden_kernels(kernels: list[str], forbid: Forbidden) -> list[str]:
-    """Which GPU kernel names ``forbid`` refuses (substrings, any case)."""
-    pats = [p.lower() for p in forbid.kernels]
-    return [k for k in kernels if any(p in k.lower() for p in pats)]
+    """Which GPU kernel names ``forbid`` refuses (substrings, any case; those matching ``forbid.allow`` pass)."""
+    pats, allow = [p.lower() for p in forbid.kernels], [p.lower() for p in forbid.allow]
+    return [k for k in kernels if any(p in k.lower() for p in pats) and not any(a in k.lower() for a in allow)]
 
 
 def launched(call: Callable[[], object], forbid: Forbidden) -> list[str]:

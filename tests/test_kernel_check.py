@@ -18,6 +18,16 @@ def test_assert_is_kernel_names_the_forbidden_ops():
     assert torch.equal(out, a)
 
 
+def test_allowed_kernels_pass_the_kernel_check():
+    """A Forbidden's ``allow`` exempts kernels its contract permits (a copy) from its ``kernels`` patterns; every
+    other kernel those patterns match is still refused (kernel names as a GPU profile gives them)."""
+    copy = "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda(at::TensorIteratorBase&)>(int)"
+    exp = "void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda>(int)"
+    gqa = kc.GQA_ATTENTION
+    assert kc.forbidden_kernels([copy, exp, "_gqa_decode_split"], gqa) == [exp]
+    assert kc.forbidden_kernels([copy], kc.Forbidden(kernels=kc.ATEN_KERNELS)) == [copy]
+
+
 def test_functions_are_traced_where_no_aten_op_shows():
     """SDPA on inputs that require grad runs as its math composite (bmm, softmax: allowed in 7a):
     only the function trace names it."""
