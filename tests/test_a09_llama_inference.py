@@ -1376,24 +1376,29 @@ def _tuned_forced_logits(engine, prompts: list[list[int]], follow: list[list[int
 def test_tuned_path_decode_matches_the_model(tuned_engine, arch, dtype, seed):
     """The tuned path's decode steps (its GEMV, the RMSNorm fold forced on wherever the GEMV runs, the SwiGLU
     epilogue, the one-kernel embedding) against transformers' model in float64, teacher-forced from prompts of
-    different lengths (B = 3): in fp32 as close as the core path (the fold stays off in fp32: the core's
-    arithmetic), in bf16 at most twice the core path's error on the same steps."""
+    different lengths (B = 3), two steps each: in fp32 within twice fp32's tolerance (the fold stays off in
+    fp32: the core's arithmetic), in bf16 at most twice the core path's error on the same steps."""
     hf = _tuned_model(arch)
     g = torch.Generator().manual_seed(seed)
     v = hf.config.vocab_size
     prompts = [torch.randint(0, v, (n,), generator=g).tolist() for n in (5, 9, 2)]
-    follow = [torch.randint(0, v, (3,), generator=g).tolist() for _ in prompts]
+    follow = [torch.randint(0, v, (2,), generator=g).tolist() for _ in prompts]
     m64 = copy.deepcopy(hf).double()
     with torch.no_grad():
         want = [m64(torch.tensor([p + f])).logits[0, len(p):] for p, f in zip(prompts, follow)]
     errs = {}
-    for name, kw in (("core", dict(tuned=False)), ("tuned", dict(tuned=True, fold_norm=True))):
+    # fp32's bound is fixed: the core path's own error is needed (and run) in 16 bits only
+    paths = {"tuned": dict(tuned=True, fold_norm=True)}
+    if dtype != torch.float32:
+        paths["core"] = dict(tuned=False)
+    for name, kw in paths.items():
         engine = tuned_engine.LlamaEngine.from_hf(hf, dtype=dtype, max_batch=3, max_seq_len=24, **kw)
         steps = _tuned_forced_logits(engine, prompts, follow)
-        errs[name] = max(rel_error(steps[j][i], want[i][j]) for i in range(3) for j in range(3))
+        errs[name] = max(rel_error(steps[j][i], want[i][j]) for i in range(3) for j in range(len(follow[0])))
     bound = 2 * REL_TOL[torch.float32] if dtype == torch.float32 else 2 * errs["core"] + 2e-3
+    core = f"core path: {errs['core']:.2e}; " if "core" in errs else ""
     assert errs["tuned"] <= bound, (f"{arch} {dtype}: the tuned path's decode logits are off transformers' float64 "
-                                    f"by {errs['tuned']:.2e} (core path: {errs['core']:.2e}; allowed {bound:.1e})")
+                                    f"by {errs['tuned']:.2e} ({core}allowed {bound:.1e})")
 
 
 @pytest.mark.parametrize("tuned", [False, True], ids=["core", "tuned"])
