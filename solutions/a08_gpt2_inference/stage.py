@@ -221,6 +221,28 @@ def _prompts(g, lengths, vocab):
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def _greedy_prompts(m64, g, rng, vocab: int, new: int) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """Two prompts (lengths 1-4 and 5-14, in random order) and transformers' greedy ``new`` tokens for each
+    (m64: a float64 model, generate per prompt). A step whose two best logits nearly tie could flip on
+    rounding alone: such prompts are redrawn (20 draws at most). Returns (lengths, prompts, tokens)."""
+    for _ in range(20):
+        lengths = [rng.randint(1, 4), rng.randint(5, 14)]
+        rng.shuffle(lengths)
+        prompts = _prompts(g, lengths, vocab)
+        want, gap = [], float("inf")
+        with torch.no_grad():
+            for p in prompts:
+                out = m64.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                   max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True)
+                want.append(out.sequences[0, len(p):].tolist())
+                for lg in out.logits:
+                    top = lg[0].topk(2).values
+                    gap = min(gap, ((top[0] - top[1]) / lg[0].abs().max()).item())
+        if gap > 1e-4:
+            break
+    return lengths, prompts, want
+
+
 def a08_dependencies(load: Load) -> str | None:
     """Stage 8's engine runs on the a06 matmul and the a07 flash attention of the same tree: say so, and
     how to try stage 8 without them, when either is not done yet (raises NotImplementedError or leaves
@@ -390,24 +412,9 @@ def _engine_trials(g, rng) -> list[Trial]:
                         dict(seed=seed, n_head=n_head, prompts=prompts, follow=follow, steps=steps),
                         teacher_forced(prompts, follow, steps), REL_TOL[torch.float32], **forbid))
 
-    # (d) greedy generation, token for token with transformers' generate (float64) per prompt. A
-    # step whose two best logits nearly tie could flip on rounding alone: such prompts are redrawn.
+    # (d) greedy generation, token for token with transformers' generate (float64) per prompt
     new = 4
-    for _ in range(20):
-        lengths = [rng.randint(1, 4), rng.randint(5, 14)]
-        rng.shuffle(lengths)
-        prompts = _prompts(g, lengths, vocab)
-        want, gap = [], float("inf")
-        with torch.no_grad():
-            for p in prompts:
-                out = m64.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                   max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True)
-                want.append(out.sequences[0, len(p):].tolist())
-                for lg in out.logits:
-                    top = lg[0].topk(2).values
-                    gap = min(gap, ((top[0] - top[1]) / lg[0].abs().max()).item())
-        if gap > 1e-4:
-            break
+    lengths, prompts, want = _greedy_prompts(m64, g, rng, vocab, new)
     trials.append(Trial(f"GPT2Engine fp32: generate({new}) of prompts of lengths {lengths}, greedy tokens vs "
                         f"transformers' generate", "a08_engine_generate",
                         dict(seed=seed, n_head=n_head, prompts=prompts, new=new), torch.tensor(want), 0, exact=True,

@@ -18,7 +18,8 @@ from common.testing import REL_TOL
 from common.course.stages.base import (Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _randn,
                                        _with_repeat)
 
-from ..a08_gpt2_inference.stage import ENGINE, _decode_work_judge, _hf_static_step, _prompts, a08_dependencies
+from ..a08_gpt2_inference.stage import (ENGINE, _decode_work_judge, _greedy_prompts, _hf_static_step, _prompts,
+                                        a08_dependencies)
 
 # ----------------------------------------------------------------------------- what the graded calls may not call
 #: ENGINE (stage 8's table, imported above): a decode step (and prefill) runs the course's kernels for the work,
@@ -212,27 +213,13 @@ def _engine_trials(g, rng) -> list[Trial]:
                         dict(args, prompts=prompts, follow=follow, steps=steps),
                         teacher_forced(m64, prompts, follow, steps), REL_TOL[torch.float32], **forbid))
 
-    # (b) Qwen 3 (q/k norm, tied embeddings): greedy tokens vs transformers' generate (float64) per prompt; a
-    # step whose two best logits nearly tie could flip on rounding alone: such prompts are redrawn.
+    # (b) Qwen 3 (q/k norm, tied embeddings): greedy tokens vs transformers' generate (float64) per prompt
+    # (near-tie prompts redrawn: a08's _greedy_prompts)
     seed, kv = rng.randrange(2**31), rng.choice([1, 2])
     extra = dict(tie_word_embeddings=True)
     m64 = model64(seed, "qwen3", kv, extra)
     new = 4
-    for _ in range(20):
-        lengths = [rng.randint(1, 4), rng.randint(5, 14)]
-        rng.shuffle(lengths)
-        prompts = _prompts(g, lengths, vocab)
-        want, gap = [], float("inf")
-        with torch.no_grad():
-            for p in prompts:
-                out = m64.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                   max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True)
-                want.append(out.sequences[0, len(p):].tolist())
-                for lg in out.logits:
-                    top = lg[0].topk(2).values
-                    gap = min(gap, ((top[0] - top[1]) / lg[0].abs().max()).item())
-        if gap > 1e-4:
-            break
+    lengths, prompts, want = _greedy_prompts(m64, g, rng, vocab, new)
     trials.append(Trial(f"LlamaEngine fp32 (Qwen 3, {4 // kv} query heads per KV head): generate({new}) of prompts "
                         f"of lengths {lengths}, greedy tokens vs transformers' generate", "a09_engine_generate",
                         dict(seed=seed, arch="qwen3", kv_heads=kv, extra=extra, prompts=prompts, new=new),
