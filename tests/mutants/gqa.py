@@ -45,5 +45,6 @@ MUTANTS = [
     Mutant(S, GQA, "prefill not causal",
            [("o, _ = attention_forward(q4, k4, v4, True, ", "o, _ = attention_forward(q4, k4, v4, False, ")]),
     Mutant(S, GQA, "prefill repeats K and V (copies)",
-           [("k4 = k.flatten(0, 1)[:, None].expand(b * hkv, g, t_k, d)", "k4 = k.repeat_interleave(g, 1).flatten(0, 1).unflatten(0, (b * hkv, g))")]),
+           [("k4 = k.flatten(0, 1)[:, None].expand(b * hkv, g, t_k, d)", "k4 = k.repeat_interleave(g, 1).flatten(0, 1).unflatten(0, (b * hkv, g))")],
+           grader=("copied an input",)),
 ]

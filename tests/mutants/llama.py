@@ -17,9 +17,11 @@ MUTANTS = [
     Mutant(S, RMS, "eps ignored in the rms", [("rstd = 1.0 / tl.sqrt(ms + eps)", "rstd = 1.0 / tl.sqrt(ms)")]),
     Mutant(S, RMS, "weight applied before rounding",
            [("    n = (h * rstd).to(Y.dtype.element_ty).to(tl.float32)     # rounded before the weight, as transformers\n",
-             "    n = h * rstd\n")]),
+             "    n = h * rstd\n")],
+           grader=("rounded as transformers rounds",)),
     Mutant(S, RMS, "residual stream not rounded before the norm",
-           [("        h = h_out.to(tl.float32)            # normalise what the residual stream holds\n", "")]),
+           [("        h = h_out.to(tl.float32)            # normalise what the residual stream holds\n", "")],
+           grader=("rounded as transformers rounds",)),
     Mutant(S, RMS, "residual not stored",
            [("        tl.store(H + row * stride_h + cols, h_out, mask=ok)\n", "")]),
 
