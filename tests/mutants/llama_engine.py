@@ -31,5 +31,6 @@ MUTANTS = [
     Mutant(S, ENG, "untied LM head read from the embedding",
            [("lm_w = embed_w.t() if tied else", "lm_w = embed_w.t() if True else")]),
     Mutant(S, ENG, "attention_bias accepted",
-           [('    for flag in ("attention_bias", "mlp_bias"):', '    for flag in ("mlp_bias",):')]),
+           [('    for flag in ("attention_bias", "mlp_bias"):', '    for flag in ("mlp_bias",):')],
+           grader=("from_hf refuses",)),
 ]
