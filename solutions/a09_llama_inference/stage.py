@@ -18,8 +18,8 @@ from common.testing import REL_TOL
 from common.course.stages.base import (Load, Perf, Run, Stage, Trial, _call, _dtype_of_draw, _gen, _no_copies,
                                        _randn, _with_repeat)
 
-from ..a08_gpt2_inference.stage import (ENGINE, _decode_work_judge, _greedy_prompts, _hf_static_step, _prompts,
-                                        a08_dependencies)
+from ..a08_gpt2_inference.stage import (ENGINE, _decode_work_judge, _greedy_prompts, _hf_static_step, _nan,
+                                        _prompts, a08_dependencies)
 
 # ----------------------------------------------------------------------------- what the graded calls may not call
 #: ENGINE (stage 8's table, imported above): a decode step (and prefill) runs the course's kernels for the work,
@@ -270,9 +270,6 @@ def _engine_trials(g, rng) -> list[Trial]:
 # ----------------------------------------------------------------------------- the kernels' trials
 # The judge never imports the submission: the RoPE table (cos, sin) is computed here with transformers'
 # formula (rope.rope_cache's) and handed to the call as an input, like every other tensor.
-def _nan(shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
-
 
 #: bf16 RMSNorm and SwiGLU against transformers' own bf16 output: relative error (common.testing.rel_error) at most
 #: this. One rounding flipped in ~1% of the elements is ~5e-4; a rounding skipped or moved is ~2.5e-3.
